@@ -1,0 +1,223 @@
+package engine
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// DefaultProfile is the name of the profile used when none is chosen.
+const DefaultProfile = "h100-llama3-8b"
+
+//go:embed profiles.yaml
+var builtinProfiles []byte
+
+// Profile describes one inference server: the model's shape, the hardware it
+// runs on and the scheduler's limits. The step-time model and the KV capacity
+// are derived from these facts (see docs/engine-model.md).
+type Profile struct {
+	// Name identifies the profile (for example "h100-llama3-8b").
+	Name string `yaml:"name"`
+	// Description says in a sentence what is modelled.
+	Description string `yaml:"description"`
+	// Model is the model name served by default.
+	Model string `yaml:"model"`
+
+	// Params is the number of model parameters.
+	Params float64 `yaml:"params"`
+	// Layers is the number of transformer layers.
+	Layers int `yaml:"layers"`
+	// Hidden is the model (residual stream) width.
+	Hidden int `yaml:"hidden"`
+	// KVHeads is the number of key/value heads (grouped-query attention).
+	KVHeads int `yaml:"kv_heads"`
+	// HeadDim is the width of one attention head.
+	HeadDim int `yaml:"head_dim"`
+	// DtypeBytes is the size of one weight or KV element in bytes.
+	DtypeBytes int `yaml:"dtype_bytes"`
+	// MaxModelLen is the longest sequence (prompt plus output) in tokens.
+	MaxModelLen int `yaml:"max_model_len"`
+
+	// GPUs is the tensor-parallel degree: weights, KV and work split evenly.
+	GPUs int `yaml:"gpus"`
+	// GPUMemory is the memory of one GPU in bytes.
+	GPUMemory float64 `yaml:"gpu_memory"`
+	// GPUMemoryUtilization is the fraction of GPU memory vLLM may use.
+	GPUMemoryUtilization float64 `yaml:"gpu_memory_utilization"`
+	// ActivationMemory is the memory per GPU in bytes not available to weights or KV.
+	ActivationMemory float64 `yaml:"activation_memory"`
+	// PeakFLOPS is the dense bf16 peak of one GPU in FLOP/s.
+	PeakFLOPS float64 `yaml:"peak_flops"`
+	// MemBandwidth is the memory bandwidth of one GPU in bytes/s.
+	MemBandwidth float64 `yaml:"mem_bandwidth"`
+	// MFU is the fraction of PeakFLOPS reached by compute-bound work.
+	MFU float64 `yaml:"mfu"`
+	// MBU is the fraction of MemBandwidth reached by memory-bound work.
+	MBU float64 `yaml:"mbu"`
+	// StepOverhead is the fixed cost of one scheduler step.
+	StepOverhead time.Duration `yaml:"step_overhead"`
+	// TPOverhead is the extra cost per step of tensor-parallel communication.
+	TPOverhead time.Duration `yaml:"tp_overhead"`
+
+	// BlockSize is the number of tokens in one KV block.
+	BlockSize int `yaml:"block_size"`
+	// NumGPUBlocks is the KV capacity in blocks; 0 derives it from memory.
+	NumGPUBlocks int `yaml:"num_gpu_blocks"`
+	// MaxNumSeqs is the most requests that run in one batch.
+	MaxNumSeqs int `yaml:"max_num_seqs"`
+	// MaxNumBatchedTokens is the token budget of one step.
+	MaxNumBatchedTokens int `yaml:"max_num_batched_tokens"`
+}
+
+// KVBytesPerToken is the KV cache size of one token over all GPUs: K and V of
+// every layer and KV head.
+func (p Profile) KVBytesPerToken() float64 {
+	return float64(2 * p.Layers * p.KVHeads * p.HeadDim * p.DtypeBytes)
+}
+
+// WeightBytes is the size of the weights over all GPUs.
+func (p Profile) WeightBytes() float64 { return p.Params * float64(p.DtypeBytes) }
+
+// DerivedBlocks is the KV capacity in blocks that vLLM would find in memory:
+// what remains of the usable memory after weights and activations.
+func (p Profile) DerivedBlocks() int {
+	gpus := float64(p.GPUs)
+	free := gpus*(p.GPUMemory*p.GPUMemoryUtilization-p.ActivationMemory) - p.WeightBytes()
+	if free <= 0 || p.BlockSize <= 0 {
+		return 0
+	}
+	return int(free / (p.KVBytesPerToken() * float64(p.BlockSize)))
+}
+
+// Blocks is the KV capacity in blocks: NumGPUBlocks when set, else derived.
+func (p Profile) Blocks() int {
+	if p.NumGPUBlocks > 0 {
+		return p.NumGPUBlocks
+	}
+	return p.DerivedBlocks()
+}
+
+// Validate reports the first field that makes the profile unusable.
+func (p Profile) Validate() error {
+	checks := []struct {
+		ok   bool
+		what string
+	}{
+		{p.Params > 0, "params must be positive"},
+		{p.Layers > 0 && p.Hidden > 0 && p.KVHeads > 0 && p.HeadDim > 0, "layers, hidden, kv_heads and head_dim must be positive"},
+		{p.DtypeBytes > 0, "dtype_bytes must be positive"},
+		{p.MaxModelLen > 0, "max_model_len must be positive"},
+		{p.GPUs > 0, "gpus must be positive"},
+		{p.PeakFLOPS > 0 && p.MemBandwidth > 0, "peak_flops and mem_bandwidth must be positive"},
+		{p.MFU > 0 && p.MFU <= 1 && p.MBU > 0 && p.MBU <= 1, "mfu and mbu must be in (0, 1]"},
+		{p.StepOverhead >= 0 && p.TPOverhead >= 0, "overheads must not be negative"},
+		{p.BlockSize > 0, "block_size must be positive"},
+		{p.NumGPUBlocks >= 0, "num_gpu_blocks must not be negative"},
+		{p.Blocks() > 0, "no KV blocks: set num_gpu_blocks or give the GPUs more memory than the weights"},
+		{p.MaxNumSeqs > 0, "max_num_seqs must be positive"},
+		{p.MaxNumBatchedTokens > 0, "max_num_batched_tokens must be positive"},
+	}
+	for _, c := range checks {
+		if !c.ok {
+			return fmt.Errorf("profile %q: %s", p.Name, c.what)
+		}
+	}
+	return nil
+}
+
+// ParseProfiles reads profiles from YAML of the form {profiles: [...]}.
+func ParseProfiles(data []byte) ([]Profile, error) {
+	var doc struct {
+		Profiles []Profile `yaml:"profiles"`
+	}
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("parse profiles: %w", err)
+	}
+	if len(doc.Profiles) == 0 {
+		return nil, errors.New("parse profiles: no profiles")
+	}
+	for _, p := range doc.Profiles {
+		if err := p.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	return doc.Profiles, nil
+}
+
+var builtins = func() []Profile {
+	ps, err := ParseProfiles(builtinProfiles)
+	if err != nil {
+		panic(err) // the embedded file is part of the program
+	}
+	return ps
+}()
+
+// ProfileNames lists the built-in profiles, sorted.
+func ProfileNames() []string {
+	names := make([]string, len(builtins))
+	for i, p := range builtins {
+		names[i] = p.Name
+	}
+	sort.Strings(names)
+	return names
+}
+
+// LookupProfile returns the built-in profile with the given name.
+func LookupProfile(name string) (Profile, error) {
+	for _, p := range builtins {
+		if p.Name == name {
+			return p, nil
+		}
+	}
+	return Profile{}, fmt.Errorf("unknown profile %q (have %s)", name, strings.Join(ProfileNames(), ", "))
+}
+
+// Work is what one step computes, summed over the requests in the batch.
+type Work struct {
+	// Tokens is the number of tokens computed (prefill chunk tokens plus one
+	// per decoding request).
+	Tokens int
+	// AttendedPositions is the sum, over every computed token, of the number
+	// of earlier tokens it attends to.
+	AttendedPositions float64
+	// ContextTokens is the number of tokens whose KV is read from memory
+	// (for every request in the batch, its context up to the end of the step).
+	ContextTokens int
+}
+
+// AddChunk adds a request that computes tokens [from, to) of its sequence.
+func (w *Work) AddChunk(from, to int) {
+	if to <= from {
+		return
+	}
+	w.Tokens += to - from
+	// Σ_{i=from}^{to-1} i: each token attends to every token before it.
+	w.AttendedPositions += (float64(to)*float64(to-1) - float64(from)*float64(from-1)) / 2
+	w.ContextTokens += to
+}
+
+// StepTime is the duration of one step computing w: the slower of the
+// compute-bound and the memory-bound time (a roofline), plus fixed overheads.
+// An empty step costs nothing.
+func (p Profile) StepTime(w Work) time.Duration {
+	if w.Tokens == 0 {
+		return 0
+	}
+	gpus := float64(p.GPUs)
+	// Linear layers: 2 FLOPs per parameter per token. Attention: QKᵀ and AV
+	// each cost 2·hidden FLOPs per layer per attended position.
+	flops := 2*p.Params*float64(w.Tokens) + 4*float64(p.Layers)*float64(p.Hidden)*w.AttendedPositions
+	compute := flops / (gpus * p.PeakFLOPS * p.MFU)
+	// Every step reads all weights once and the KV of every context token.
+	bytes := p.WeightBytes() + p.KVBytesPerToken()*float64(w.ContextTokens)
+	memory := bytes / (gpus * p.MemBandwidth * p.MBU)
+	return p.StepOverhead + p.TPOverhead + seconds(math.Max(compute, memory))
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
