@@ -1,0 +1,237 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/emulator"
+	"github.com/kvroute/kvroute/internal/engine"
+)
+
+// shutdownGrace is how long in-flight requests get to finish on SIGINT or
+// SIGTERM before their streams are cut.
+const shutdownGrace = 10 * time.Second
+
+// emulateConfig is what the emulate flags decide.
+type emulateConfig struct {
+	host     string
+	port     int // of the first replica; 0 picks free ports
+	replicas int
+	logLevel slog.Level
+	server   emulator.Config // Logger unset
+}
+
+// parseEmulateFlags parses the emulate subcommand's flags. Flags that set
+// engine limits override the chosen profile's.
+func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
+	fs := flag.NewFlagSet("kvroute emulate", flag.ContinueOnError)
+	fs.SetOutput(output)
+	var (
+		cfg              emulateConfig
+		profileName      string
+		model            string
+		kvBlocks         int
+		blockSize        int
+		maxNumSeqs       int
+		maxModelLen      int
+		maxBatchedTokens int
+		timeScale        float64
+		seed             uint64
+	)
+	fs.StringVar(&cfg.host, "host", "127.0.0.1", "address to listen on")
+	fs.IntVar(&cfg.port, "port", 8001, "port of the first replica; replica i listens on port+i (0: any free port)")
+	fs.IntVar(&cfg.replicas, "replicas", 1, "number of independent servers, each with its own engine and KV cache")
+	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile, one of: "+strings.Join(engine.ProfileNames(), ", "))
+	fs.StringVar(&model, "model", "", "served model name (default: the profile's model)")
+	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV cache capacity in blocks (default: derived from the profile's GPU memory)")
+	fs.IntVar(&blockSize, "block-size", 0, "tokens per KV block (default: the profile's, 16)")
+	fs.IntVar(&maxNumSeqs, "max-num-seqs", 0, "most requests in one batch (default: the profile's, 256)")
+	fs.IntVar(&maxModelLen, "max-model-len", 0, "longest prompt plus output in tokens (default: the profile's, clamped to the KV capacity)")
+	fs.IntVar(&maxBatchedTokens, "max-num-batched-tokens", 0, "token budget of one engine step (default: the profile's, 8192)")
+	fs.Float64Var(&timeScale, "time-scale", 1, "wall seconds per model second: 1 is real time, 0.1 ten times faster")
+	fs.Uint64Var(&seed, "seed", 0, "seed of the generated outputs (equal seeds give equal replies)")
+	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: kvroute emulate [flags]\n\n"+
+			"Serves emulated vLLM servers: the OpenAI API (/v1/chat/completions, /v1/completions,\n"+
+			"/v1/models), /health and /metrics, with tokens paced by the engine model.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+
+	p, err := engine.LookupProfile(profileName)
+	if err != nil {
+		return cfg, err
+	}
+	overrides := []struct {
+		name  string
+		value int
+		field *int
+	}{
+		{"kv-blocks", kvBlocks, &p.NumGPUBlocks},
+		{"block-size", blockSize, &p.BlockSize},
+		{"max-num-seqs", maxNumSeqs, &p.MaxNumSeqs},
+		{"max-model-len", maxModelLen, &p.MaxModelLen},
+		{"max-num-batched-tokens", maxBatchedTokens, &p.MaxNumBatchedTokens},
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, o := range overrides {
+		if !set[o.name] {
+			continue
+		}
+		if o.value < 1 {
+			return cfg, fmt.Errorf("--%s must be positive, got %d", o.name, o.value)
+		}
+		*o.field = o.value
+	}
+	// vLLM refuses to start when one sequence cannot fit in the cache; a
+	// small --kv-blocks alone should just work, so shrink the context.
+	if capacity := p.Blocks() * p.BlockSize; !set["max-model-len"] && p.MaxModelLen > capacity {
+		p.MaxModelLen = capacity
+	}
+	if err := p.Validate(); err != nil {
+		return cfg, err
+	}
+
+	switch {
+	case cfg.replicas < 1:
+		return cfg, fmt.Errorf("--replicas must be at least 1, got %d", cfg.replicas)
+	case cfg.port < 0 || cfg.port > 65535:
+		return cfg, fmt.Errorf("--port %d is not a TCP port", cfg.port)
+	case cfg.port > 0 && cfg.port+cfg.replicas-1 > 65535:
+		return cfg, fmt.Errorf("--port %d + %d replicas runs past port 65535", cfg.port, cfg.replicas)
+	case !(timeScale > 0):
+		return cfg, fmt.Errorf("--time-scale must be positive, got %v", timeScale)
+	}
+	cfg.server = emulator.Config{Model: model, Profile: p, TimeScale: timeScale, Seed: seed}
+	return cfg, nil
+}
+
+func runEmulate(args []string, _, stderr io.Writer) int {
+	cfg, err := parseEmulateFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute emulate: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// After the first signal, a second one kills the process at once.
+	context.AfterFunc(ctx, stop)
+	if err := emulate(ctx, cfg, log, nil); err != nil {
+		log.Error("emulate failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// replica is one emulated server and its listener.
+type replica struct {
+	srv  *emulator.Server
+	http *http.Server
+	ln   net.Listener
+	url  string
+}
+
+// emulate serves cfg.replicas emulated servers until ctx is done, then shuts
+// them down gracefully. ready, if not nil, gets the replicas' base URLs once
+// they accept connections.
+func emulate(ctx context.Context, cfg emulateConfig, log *slog.Logger, ready func(urls []string)) error {
+	replicas := make([]*replica, 0, cfg.replicas)
+	defer func() {
+		for _, r := range replicas {
+			r.ln.Close()
+		}
+	}()
+	for i := range cfg.replicas {
+		port := cfg.port
+		if port != 0 {
+			port += i
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.host, strconv.Itoa(port)))
+		if err != nil {
+			return err
+		}
+		sc := cfg.server
+		sc.Logger = log.With("replica", i)
+		srv, err := emulator.New(sc)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		replicas = append(replicas, &replica{
+			srv:  srv,
+			http: &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second},
+			ln:   ln,
+			url:  "http://" + ln.Addr().String(),
+		})
+	}
+
+	runCtx, stopDrivers := context.WithCancel(context.Background())
+	defer stopDrivers()
+	var drivers sync.WaitGroup
+	errc := make(chan error, len(replicas))
+	urls := make([]string, len(replicas))
+	for i, r := range replicas {
+		drivers.Go(func() { _ = r.srv.Run(runCtx) })
+		go func() {
+			if err := r.http.Serve(r.ln); !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("replica %d: %w", i, err)
+			}
+		}()
+		p := r.srv.Profile()
+		log.Info("emulating vLLM", "replica", i, "url", r.url, "model", r.srv.Model(),
+			"profile", p.Name, "kv_blocks", p.Blocks(), "block_size", p.BlockSize,
+			"max_num_seqs", p.MaxNumSeqs, "max_model_len", p.MaxModelLen, "time_scale", cfg.server.TimeScale)
+		urls[i] = r.url
+	}
+	if ready != nil {
+		ready(urls)
+	}
+
+	var err error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "grace", shutdownGrace)
+	case err = <-errc:
+	}
+	// Stop accepting and let streams finish; past the grace period stop the
+	// drivers, which ends the remaining streams with an error event.
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	var closing sync.WaitGroup
+	for _, r := range replicas {
+		closing.Go(func() {
+			if r.http.Shutdown(sctx) != nil {
+				stopDrivers()
+				r.http.Close()
+			}
+		})
+	}
+	closing.Wait()
+	stopDrivers()
+	drivers.Wait()
+	return err
+}

@@ -1,0 +1,407 @@
+// Package emulator serves the engine model over an OpenAI-compatible HTTP API,
+// the way one vLLM server would: `kvroute emulate`.
+//
+// A Server owns one engine.Engine. A single driver goroutine (Run) steps the
+// engine and sleeps for each step's modelled duration, scaled by
+// Config.TimeScale, so tokens stream at the pace the model predicts. Prompts
+// are rendered with the Llama-3 stand-in tokenizer and outputs are generated
+// deterministically from the prompt, so a client that sends back the reply in
+// its next turn hits the prefix cache as it would on vLLM.
+//
+// Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming and
+// not), GET /v1/models, GET /health and GET /metrics (vLLM metric names).
+//
+// Beyond what vLLM sends, responses carry the request's model-time latencies
+// (seconds, as decimals) in X-Kvroute-Model-Ttft (time to first token) and
+// X-Kvroute-Model-Latency (arrival to last token): as headers on
+// non-streaming responses and as HTTP trailers on streams. They let tests and
+// benchmarks read what the model predicted, independent of wall-clock noise.
+package emulator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/engine"
+)
+
+// Headers (or trailers, on streams) with a request's latencies in model
+// seconds.
+const (
+	HeaderModelTTFT    = "X-Kvroute-Model-Ttft"
+	HeaderModelLatency = "X-Kvroute-Model-Latency"
+)
+
+// maxLagWall is how far, in wall time, the driver may run behind the clock
+// before it gives up on catching up and lets model time jump forward. Small
+// timer overshoots are absorbed by the next sleep being shorter; a machine too
+// slow for the time scale simply drops model time.
+const maxLagWall = 5 * time.Millisecond
+
+// errStopped is what in-flight and new requests get once Run has returned.
+var errStopped = errors.New("emulator: server stopped")
+
+// Config configures a Server. The zero value serves the default profile's
+// model in real time.
+type Config struct {
+	// Model is the name the server answers to and reports; empty means
+	// Profile.Model.
+	Model string
+	// Profile is the engine profile; a zero Profile means the built-in
+	// engine.DefaultProfile.
+	Profile engine.Profile
+	// TimeScale converts model time to wall time: wall = model × TimeScale.
+	// 1 (or 0, the default) is real time; 0.1 runs ten times faster.
+	TimeScale float64
+	// Seed selects the deterministic outputs: equal prompts on servers with
+	// equal seeds give equal replies.
+	Seed uint64
+	// Logger receives the server's logs; nil means slog.Default().
+	Logger *slog.Logger
+	// Clock is the wall clock; nil means the system clock.
+	Clock Clock
+}
+
+// Server is one emulated vLLM server: an http.Handler for the OpenAI API plus
+// the driver (Run) that steps its engine. Requests are only served while Run
+// is running. A Server is safe for concurrent use.
+type Server struct {
+	model   string
+	profile engine.Profile
+	scale   float64
+	seed    uint64
+	clock   Clock
+	log     *slog.Logger
+	origin  time.Time // wall time of model time 0
+	created int64     // Unix seconds, for /v1/models
+	maxLag  time.Duration
+	metrics *metrics
+
+	mu     sync.Mutex // guards everything below and every call's req
+	eng    *engine.Engine
+	calls  map[uint64]*call // in the engine and not yet finished or aborted
+	nextID uint64
+	// mnow is the latest model time handed to the engine by Add or Step;
+	// the next step never starts before it.
+	mnow time.Duration
+
+	wake    chan struct{} // cap 1: work arrived or left
+	stopped chan struct{} // closed when Run returns
+	started atomic.Bool
+}
+
+// call is one request in flight, shared by its HTTP handler and the driver.
+type call struct {
+	req    engine.Request // guarded by Server.mu
+	total  int            // output tokens, the EOT included
+	stop   bool           // ends with EOT (finish_reason "stop") rather than at its limit
+	pieces []string       // text of the output tokens; the EOT has none
+
+	// produced is how many output tokens the driver has delivered; notify
+	// (cap 1) is poked after each increase. The driver never blocks on them.
+	produced atomic.Int64
+	notify   chan struct{}
+
+	// Written by the driver before it publishes the first (cached, ttft) or
+	// the last (latency) token through produced; read by the handler after
+	// it has seen that count.
+	cached  int
+	ttft    time.Duration
+	latency time.Duration
+
+	// lastToken is the model time of the latest token; driver only.
+	lastToken time.Duration
+}
+
+func (c *call) finishReason() string {
+	if c.stop {
+		return "stop"
+	}
+	return "length"
+}
+
+// New returns a Server for cfg with an empty cache. Call Run to serve.
+func New(cfg Config) (*Server, error) {
+	p := cfg.Profile
+	if p.Name == "" && p.BlockSize == 0 {
+		var err error
+		if p, err = engine.LookupProfile(engine.DefaultProfile); err != nil {
+			return nil, err
+		}
+	}
+	eng, err := engine.New(p)
+	if err != nil {
+		return nil, fmt.Errorf("emulator: %w", err)
+	}
+	scale := cfg.TimeScale
+	if scale == 0 {
+		scale = 1
+	}
+	if scale < 0 || math.IsNaN(scale) || math.IsInf(scale, 0) {
+		return nil, fmt.Errorf("emulator: time scale %v must be positive", cfg.TimeScale)
+	}
+	model := cfg.Model
+	if model == "" {
+		model = p.Model
+	}
+	if model == "" {
+		return nil, errors.New("emulator: no model name: set Config.Model or Profile.Model")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	clock := cfg.Clock
+	if clock == nil {
+		clock = realClock{}
+	}
+	now := clock.Now()
+	s := &Server{
+		model:   model,
+		profile: p,
+		scale:   scale,
+		seed:    cfg.Seed,
+		clock:   clock,
+		log:     log,
+		origin:  now,
+		created: now.Unix(),
+		maxLag:  toModel(maxLagWall, scale),
+		eng:     eng,
+		calls:   make(map[uint64]*call),
+		wake:    make(chan struct{}, 1),
+		stopped: make(chan struct{}),
+	}
+	s.metrics = newMetrics(s)
+	return s, nil
+}
+
+// Model returns the served model name.
+func (s *Server) Model() string { return s.model }
+
+// Profile returns the engine profile the server models.
+func (s *Server) Profile() engine.Profile { return s.profile }
+
+// Run drives the engine until ctx is done, then fails the requests still in
+// flight and returns nil. It must be called once.
+func (s *Server) Run(ctx context.Context) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return errors.New("emulator: Run called twice")
+	}
+	defer close(s.stopped)
+	var (
+		events  []event
+		lastEnd time.Duration
+	)
+	for {
+		s.mu.Lock()
+		if !s.eng.HasWork() {
+			s.mu.Unlock()
+			select {
+			case <-s.wake:
+				continue
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		res := s.eng.Step(s.stepStart(lastEnd))
+		events = s.collect(events[:0], res)
+		s.mu.Unlock()
+
+		if res.End <= res.Start && len(events) == 0 {
+			// Nothing could be scheduled: the engine waits for a request
+			// to leave. Retry on the next arrival or abort, or shortly.
+			select {
+			case <-s.wake:
+			case <-s.clock.After(time.Millisecond):
+			case <-ctx.Done():
+				return nil
+			}
+			continue
+		}
+		lastEnd = res.End
+		if d := s.wallAt(res.End).Sub(s.clock.Now()); d > 0 {
+			select {
+			case <-s.clock.After(d):
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		s.deliver(events)
+	}
+}
+
+// stepStart returns the model time at which the next step starts: right at
+// the end of the previous one, unless a request arrived later or the driver
+// has fallen too far behind the clock. Called with s.mu held.
+func (s *Server) stepStart(lastEnd time.Duration) time.Duration {
+	t := max(lastEnd, s.mnow)
+	if now := s.modelNow(); now-t > s.maxLag {
+		t = now
+	}
+	s.mnow = t
+	return t
+}
+
+// event is one output token to hand to a handler, copied out of the engine
+// while s.mu is held.
+type event struct {
+	c       *call
+	output  int
+	at      time.Duration
+	arrival time.Duration
+	cached  int
+	first   bool
+	done    bool
+}
+
+// collect turns the tokens of a step into events. Called with s.mu held.
+func (s *Server) collect(dst []event, res engine.StepResult) []event {
+	for _, r := range res.Tokens {
+		c := s.calls[r.ID]
+		if c == nil {
+			continue
+		}
+		ev := event{
+			c:       c,
+			output:  r.Output,
+			at:      res.End,
+			arrival: r.Arrival,
+			cached:  r.CachedTokens,
+			first:   r.Output == 1,
+			done:    r.State == engine.StateFinished,
+		}
+		if ev.done {
+			delete(s.calls, r.ID)
+		}
+		dst = append(dst, ev)
+	}
+	return dst
+}
+
+// deliver publishes the events to their handlers and records their
+// latencies. It never blocks.
+func (s *Server) deliver(events []event) {
+	m := s.metrics
+	for i := range events {
+		ev := &events[i]
+		c := ev.c
+		if ev.first {
+			c.cached = ev.cached
+			c.ttft = ev.at - ev.arrival
+			m.ttft.Observe(ev.at.Seconds() - ev.arrival.Seconds())
+		} else {
+			m.itl.Observe(ev.at.Seconds() - c.lastToken.Seconds())
+		}
+		c.lastToken = ev.at
+		if ev.done {
+			c.latency = ev.at - ev.arrival
+			m.e2e.Observe(c.latency.Seconds())
+			m.success.WithLabelValues(c.finishReason()).Inc()
+		}
+		c.produced.Store(int64(ev.output))
+		select {
+		case c.notify <- struct{}{}:
+		default:
+		}
+		events[i] = event{} // drop the reference to c
+	}
+}
+
+// submit adds c to the engine. Its errors wrap engine.ErrInvalid,
+// engine.ErrTooLong or errStopped.
+func (s *Server) submit(c *call) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.stopped:
+		return errStopped
+	default:
+	}
+	s.nextID++
+	c.req.ID = s.nextID
+	now := max(s.modelNow(), s.mnow)
+	if err := s.eng.Add(now, &c.req); err != nil {
+		return err
+	}
+	s.mnow = now
+	s.calls[c.req.ID] = c
+	s.poke()
+	return nil
+}
+
+// abort takes c out of the engine, releasing its KV blocks, unless it has
+// already finished.
+func (s *Server) abort(c *call) {
+	s.mu.Lock()
+	live := !c.req.Done()
+	if live {
+		s.eng.Abort(max(s.modelNow(), s.mnow), &c.req)
+		delete(s.calls, c.req.ID)
+		s.poke()
+	}
+	s.mu.Unlock()
+	if live {
+		s.metrics.success.WithLabelValues("abort").Inc()
+	}
+}
+
+// poke wakes the driver without blocking.
+func (s *Server) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// await blocks until c has more than have output tokens and returns how many
+// it has. It fails if ctx is done or the server stops first.
+func (s *Server) await(ctx context.Context, c *call, have int) (int, error) {
+	for {
+		if n := int(c.produced.Load()); n > have {
+			return n, nil
+		}
+		select {
+		case <-c.notify:
+		case <-ctx.Done():
+			return have, ctx.Err()
+		case <-s.stopped:
+			if n := int(c.produced.Load()); n > have {
+				return n, nil
+			}
+			return have, errStopped
+		}
+	}
+}
+
+// stats returns the engine's counters.
+func (s *Server) stats() engine.Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eng.Stats()
+}
+
+// modelNow is the model time that corresponds to the clock's now.
+func (s *Server) modelNow() time.Duration {
+	return toModel(s.clock.Now().Sub(s.origin), s.scale)
+}
+
+// wallAt is the wall time that corresponds to model time t.
+func (s *Server) wallAt(t time.Duration) time.Time {
+	return s.origin.Add(time.Duration(float64(t) * s.scale))
+}
+
+// toModel converts a wall duration to model time, saturating rather than
+// overflowing at tiny time scales.
+func toModel(wall time.Duration, scale float64) time.Duration {
+	m := float64(wall) / scale
+	if m >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(m)
+}

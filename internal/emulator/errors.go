@@ -1,0 +1,62 @@
+package emulator
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+)
+
+// apiError is an error the client gets as an OpenAI-shaped JSON body:
+// {"error": {"message", "type", "param", "code"}}.
+type apiError struct {
+	status  int
+	message string
+	typ     string
+	param   string // the offending request field, if known
+	code    string // machine-readable reason, if any
+}
+
+func (e *apiError) Error() string { return e.message }
+
+// badRequest is a 400 invalid_request_error about param.
+func badRequest(param, format string, args ...any) *apiError {
+	return &apiError{
+		status:  http.StatusBadRequest,
+		message: fmt.Sprintf(format, args...),
+		typ:     "invalid_request_error",
+		param:   param,
+	}
+}
+
+// writeError sends e as the response.
+func writeError(w http.ResponseWriter, e *apiError) {
+	type body struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	}
+	b := body{Message: e.message, Type: e.typ}
+	if e.param != "" {
+		b.Param = &e.param
+	}
+	if e.code != "" {
+		b.Code = &e.code
+	}
+	writeJSON(w, e.status, struct {
+		Error body `json:"error"`
+	}{b})
+}
+
+// writeJSON sends v as a JSON response with the given status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		// Only our own response types get here, and they always encode.
+		http.Error(w, "internal error encoding response", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(data, '\n'))
+}

@@ -1,0 +1,388 @@
+package emulator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/engine"
+)
+
+var _ http.Handler = (*Server)(nil)
+
+// ServeHTTP serves the OpenAI-compatible API, /health and /metrics.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/v1/chat/completions":
+		if allow(w, r, http.MethodPost) {
+			s.handleChat(w, r)
+		}
+	case "/v1/completions":
+		if allow(w, r, http.MethodPost) {
+			s.handleCompletion(w, r)
+		}
+	case "/v1/models":
+		if allow(w, r, http.MethodGet, http.MethodHead) {
+			s.handleModels(w)
+		}
+	case "/health":
+		if allow(w, r, http.MethodGet, http.MethodHead) {
+			s.handleHealth(w)
+		}
+	case "/metrics":
+		if allow(w, r, http.MethodGet, http.MethodHead) {
+			s.metrics.handler.ServeHTTP(w, r)
+		}
+	default:
+		writeError(w, &apiError{
+			status:  http.StatusNotFound,
+			message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path),
+			typ:     "invalid_request_error",
+			code:    "not_found",
+		})
+	}
+}
+
+// allow reports whether r's method is one of methods, answering 405 if not.
+func allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
+	for _, m := range methods {
+		if r.Method == m {
+			return true
+		}
+	}
+	w.Header().Set("Allow", strings.Join(methods, ", "))
+	writeError(w, &apiError{
+		status:  http.StatusMethodNotAllowed,
+		message: fmt.Sprintf("method %s is not allowed on %s; use %s", r.Method, r.URL.Path, strings.Join(methods, " or ")),
+		typ:     "invalid_request_error",
+		code:    "method_not_allowed",
+	})
+	return false
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	var req chatRequest
+	if e := decodeBody(w, r, &req); e != nil {
+		writeError(w, e)
+		return
+	}
+	x, e := s.prepare(req.Model, req.N, req.Stream, req.StreamOptions, true,
+		namedLimit{"max_completion_tokens", req.MaxCompletionTokens},
+		namedLimit{"max_tokens", req.MaxTokens})
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	prompt, e := chatPrompt(&req)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	s.serve(w, r, x, prompt, "messages")
+}
+
+func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
+	var req completionRequest
+	if e := decodeBody(w, r, &req); e != nil {
+		writeError(w, e)
+		return
+	}
+	x, e := s.prepare(req.Model, req.N, req.Stream, req.StreamOptions, false,
+		namedLimit{"max_tokens", req.MaxTokens})
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	prompt, e := completionPrompt(req.Prompt)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	s.serve(w, r, x, prompt, "prompt")
+}
+
+// exchange is what a handler knows about the response it is producing.
+type exchange struct {
+	chat         bool
+	id           string
+	created      int64
+	stream       bool
+	includeUsage bool
+	maxTokens    *int // nil: natural length
+	chunks       chunker
+}
+
+// prepare checks the fields shared by both endpoints.
+func (s *Server) prepare(model string, n *int, stream bool, opts *streamOptions, chat bool, limits ...namedLimit) (*exchange, *apiError) {
+	if model != "" && model != s.model {
+		return nil, &apiError{
+			status:  http.StatusNotFound,
+			message: fmt.Sprintf("The model `%s` does not exist.", model),
+			typ:     "invalid_request_error",
+			param:   "model",
+			code:    "model_not_found",
+		}
+	}
+	maxTokens, e := checkCommon(n, limits...)
+	if e != nil {
+		return nil, e
+	}
+	x := &exchange{
+		chat:         chat,
+		created:      s.clock.Now().Unix(),
+		stream:       stream,
+		includeUsage: stream && opts != nil && opts.IncludeUsage,
+		maxTokens:    maxTokens,
+	}
+	object := "text_completion"
+	x.id = "cmpl-" + randomHex()
+	if chat {
+		object = "chat.completion.chunk"
+		x.id = "chatcmpl-" + randomHex()
+	}
+	x.chunks = newChunker(x.id, object, x.created, s.model, chat)
+	return x, nil
+}
+
+// serve runs prompt through the engine and writes the response.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, x *exchange, prompt []int32, what string) {
+	c, e := s.newCall(prompt, x.maxTokens, what)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	if err := s.submit(c); err != nil {
+		writeError(w, submitError(err))
+		return
+	}
+	var ok bool
+	if x.stream {
+		ok = s.stream(r.Context(), w, c, x)
+	} else {
+		ok = s.respond(r.Context(), w, c, x)
+	}
+	if ok {
+		s.log.Debug("request done", "id", x.id, "prompt_tokens", c.req.PromptLen,
+			"cached_tokens", c.cached, "completion_tokens", c.total, "finish_reason", c.finishReason(),
+			"model_ttft", c.ttft, "model_latency", c.latency)
+	}
+}
+
+// submitError maps an error of Server.submit to the client's error.
+func submitError(err error) *apiError {
+	switch {
+	case errors.Is(err, errStopped):
+		return unavailable()
+	case errors.Is(err, engine.ErrTooLong):
+		return &apiError{status: http.StatusBadRequest, message: err.Error(),
+			typ: "invalid_request_error", code: "context_length_exceeded"}
+	case errors.Is(err, engine.ErrInvalid):
+		return badRequest("", "%v", err)
+	}
+	return &apiError{status: http.StatusInternalServerError, message: err.Error(), typ: "server_error"}
+}
+
+func unavailable() *apiError {
+	return &apiError{status: http.StatusServiceUnavailable, message: "the server is shutting down",
+		typ: "server_error", code: "service_unavailable"}
+}
+
+// respond waits for the whole output and writes a non-streaming response. It
+// reports whether the request completed.
+func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x *exchange) bool {
+	for have := 0; have < c.total; {
+		n, err := s.await(ctx, c, have)
+		if err != nil {
+			s.abort(c)
+			if errors.Is(err, errStopped) {
+				writeError(w, unavailable())
+			}
+			return false
+		}
+		have = n
+	}
+	text := strings.Join(c.pieces, "")
+	h := w.Header()
+	h.Set(HeaderModelTTFT, seconds(c.ttft))
+	h.Set(HeaderModelLatency, seconds(c.latency))
+	u := c.usage()
+	reason := c.finishReason()
+	if x.chat {
+		writeJSON(w, http.StatusOK, chatCompletion{
+			ID: x.id, Object: "chat.completion", Created: x.created, Model: s.model,
+			Choices: []chatChoice{{
+				Message:      chatReply{Role: "assistant", Content: text, ToolCalls: []json.RawMessage{}},
+				FinishReason: reason,
+			}},
+			Usage: u,
+		})
+	} else {
+		writeJSON(w, http.StatusOK, textCompletion{
+			ID: x.id, Object: "text_completion", Created: x.created, Model: s.model,
+			Choices: []textChoice{{Text: text, FinishReason: reason}},
+			Usage:   u,
+		})
+	}
+	return true
+}
+
+// stream writes the output as server-sent events while it is produced. Every
+// batch of events is flushed as soon as it is written. It reports whether the
+// request completed.
+func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *call, x *exchange) bool {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	h.Set("Trailer", HeaderModelTTFT+", "+HeaderModelLatency)
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	if err := rc.Flush(); err != nil {
+		s.abort(c)
+		return false
+	}
+	buf := make([]byte, 0, 1024)
+	for have := 0; have < c.total; {
+		n, err := s.await(ctx, c, have)
+		if err != nil {
+			s.abort(c)
+			if errors.Is(err, errStopped) {
+				buf = appendErrorEvent(buf[:0], unavailable())
+				buf = append(buf, "data: [DONE]\n\n"...)
+				_, _ = w.Write(buf)
+				_ = rc.Flush()
+			}
+			return false
+		}
+		buf = buf[:0]
+		if have == 0 {
+			buf = x.chunks.start(buf)
+		}
+		for i := have; i < n && i < len(c.pieces); i++ {
+			buf = x.chunks.token(buf, c.pieces[i])
+		}
+		have = n
+		if have == c.total {
+			buf = x.chunks.finish(buf, c.finishReason())
+			if x.includeUsage {
+				buf = x.chunks.usage(buf, c.usage())
+			}
+			buf = append(buf, "data: [DONE]\n\n"...)
+		}
+		if _, err := w.Write(buf); err != nil {
+			s.abort(c)
+			return false
+		}
+		if err := rc.Flush(); err != nil {
+			s.abort(c)
+			return false
+		}
+	}
+	h.Set(HeaderModelTTFT, seconds(c.ttft))
+	h.Set(HeaderModelLatency, seconds(c.latency))
+	return true
+}
+
+// handleHealth answers 200 with an empty body, as vLLM does, until the
+// driver stops.
+func (s *Server) handleHealth(w http.ResponseWriter) {
+	select {
+	case <-s.stopped:
+		writeError(w, unavailable())
+	default:
+		w.WriteHeader(http.StatusOK)
+	}
+}
+
+func (s *Server) handleModels(w http.ResponseWriter) {
+	writeJSON(w, http.StatusOK, modelList{
+		Object: "list",
+		Data: []modelCard{{
+			ID: s.model, Object: "model", Created: s.created, OwnedBy: "vllm",
+			Root: s.model, MaxModelLen: s.profile.MaxModelLen,
+		}},
+	})
+}
+
+// usage is a response's token accounting. Call it once the output is done.
+func (c *call) usage() usage {
+	return usage{
+		PromptTokens:        c.req.PromptLen,
+		CompletionTokens:    c.total,
+		TotalTokens:         c.req.PromptLen + c.total,
+		PromptTokensDetails: promptTokensDetails{CachedTokens: c.cached},
+	}
+}
+
+// seconds formats d as decimal seconds.
+func seconds(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', 6, 64) }
+
+// randomHex returns 32 random hex digits, the shape of vLLM's request ids.
+func randomHex() string { return fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64()) }
+
+// Response bodies, shaped as OpenAI and vLLM send them.
+type (
+	usage struct {
+		PromptTokens        int                 `json:"prompt_tokens"`
+		CompletionTokens    int                 `json:"completion_tokens"`
+		TotalTokens         int                 `json:"total_tokens"`
+		PromptTokensDetails promptTokensDetails `json:"prompt_tokens_details"`
+	}
+	promptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	}
+	chatCompletion struct {
+		ID      string       `json:"id"`
+		Object  string       `json:"object"`
+		Created int64        `json:"created"`
+		Model   string       `json:"model"`
+		Choices []chatChoice `json:"choices"`
+		Usage   usage        `json:"usage"`
+	}
+	chatChoice struct {
+		Index        int       `json:"index"`
+		Message      chatReply `json:"message"`
+		Logprobs     *struct{} `json:"logprobs"`
+		FinishReason string    `json:"finish_reason"`
+		StopReason   *string   `json:"stop_reason"`
+	}
+	chatReply struct {
+		Role      string            `json:"role"`
+		Content   string            `json:"content"`
+		ToolCalls []json.RawMessage `json:"tool_calls"`
+	}
+	textCompletion struct {
+		ID      string       `json:"id"`
+		Object  string       `json:"object"`
+		Created int64        `json:"created"`
+		Model   string       `json:"model"`
+		Choices []textChoice `json:"choices"`
+		Usage   usage        `json:"usage"`
+	}
+	textChoice struct {
+		Index        int       `json:"index"`
+		Text         string    `json:"text"`
+		Logprobs     *struct{} `json:"logprobs"`
+		FinishReason string    `json:"finish_reason"`
+		StopReason   *string   `json:"stop_reason"`
+	}
+	modelList struct {
+		Object string      `json:"object"`
+		Data   []modelCard `json:"data"`
+	}
+	modelCard struct {
+		ID          string  `json:"id"`
+		Object      string  `json:"object"`
+		Created     int64   `json:"created"`
+		OwnedBy     string  `json:"owned_by"`
+		Root        string  `json:"root"`
+		Parent      *string `json:"parent"`
+		MaxModelLen int     `json:"max_model_len"`
+	}
+)

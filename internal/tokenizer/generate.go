@@ -1,0 +1,146 @@
+package tokenizer
+
+import (
+	"math/bits"
+	"math/rand/v2"
+	"strings"
+)
+
+// genWords are the words Generate writes. Each has at most three ASCII
+// letters, so with its leading space it is a single four-byte piece and
+// therefore exactly one token, and the text Generate returns encodes back to
+// the ids it returns. The first commonWords are function words, drawn more
+// often so the output reads a little like English.
+var genWords = [...]string{
+	"the", "of", "and", "to", "a", "in", "is", "it", "you", "for",
+	"was", "on", "are", "as", "his", "at", "be", "by", "we", "or",
+	"one", "had", "not", "but", "all", "can", "her", "she", "him", "has",
+	"how", "its", "may", "new", "now", "old", "our", "out", "see", "two",
+	"way", "who", "did", "get", "let", "man", "put", "say", "too", "use",
+	"an", "if", "do", "so", "up", "no", "my", "me", "he", "go",
+	"us", "am", "day", "any", "few", "big", "end", "far", "got", "own",
+	"set", "yes", "yet", "why", "try", "ask", "run", "men", "off", "oh",
+	"air", "age", "ago", "act", "add", "arm", "art", "bad", "bag", "bar",
+	"bed", "bit", "box", "boy", "bus", "buy", "car", "cat", "cup", "cut",
+	"dog", "dry", "due", "ear", "eat", "egg", "eye", "fan", "fat", "fee",
+	"fit", "fix", "fly", "fun", "gas", "guy", "hat", "hit", "hot", "ice",
+	"ill", "job", "joy", "key", "kid", "law", "lay", "leg", "lie", "lip",
+	"log", "lot", "low", "map", "mix", "mud", "net", "nod", "nor", "odd",
+	"oil", "pay", "pen", "per", "pet", "pie", "pin", "pop", "pot", "raw",
+	"red", "rid", "row", "sad", "sat", "saw", "sea", "sit", "six", "sky",
+	"son", "sun", "tax", "tea", "ten", "tie", "tip", "top", "toy", "via",
+	"war", "wet", "win", "won", "ran", "led", "met", "aim", "sum", "fed",
+}
+
+// commonWords is how many of genWords, from the front, are function words.
+const commonWords = 60
+
+// genPiece is one piece Generate can emit, with its id computed once.
+type genPiece struct {
+	text string
+	id   int32
+}
+
+// genForms holds, per word, the forms Generate emits so that it neither
+// formats nor hashes per token.
+type genForms struct {
+	first   genPiece // "The": the opening word, capitalised, no space
+	mid     genPiece // " the": a word inside a sentence
+	capital genPiece // " The": a word after a full stop
+}
+
+var (
+	genTable  = buildGenTable()
+	genPeriod = genPiece{".", tokenID(".")}
+	genComma  = genPiece{",", tokenID(",")}
+)
+
+func buildGenTable() [len(genWords)]genForms {
+	var t [len(genWords)]genForms
+	for i, w := range genWords {
+		c := strings.ToUpper(w[:1]) + w[1:]
+		t[i] = genForms{
+			first:   genPiece{c, tokenID(c)},
+			mid:     genPiece{" " + w, tokenID(" " + w)},
+			capital: genPiece{" " + c, tokenID(" " + c)},
+		}
+	}
+	return t
+}
+
+// genStream is the second PCG seed word. It is fixed so that Generate's
+// output is a function of seed alone; changing it changes every answer.
+const genStream = 0x6b76726f75746531 // "kvroute1"
+
+// Generate returns n deterministic output tokens for seed: ids[i] is the id
+// of pieces[i], the piece's text. The text is English-looking words with an
+// occasional "." or ",", and each piece is exactly one token, so
+// Encode(nil, strings.Join(pieces, "")) equals ids. The output depends only on
+// seed and is prefix-stable: Generate(seed, k) is the first k tokens of
+// Generate(seed, n) for any k <= n, as a shorter max_tokens cuts a real
+// model's answer short. It returns nil slices for n <= 0. The pieces share
+// precomputed strings; Generate allocates only the two result slices and is
+// safe for concurrent use.
+func Generate(seed uint64, n int) (ids []int32, pieces []string) {
+	if n <= 0 {
+		return nil, nil
+	}
+	var rng rand.PCG
+	rng.Seed(seed, genStream)
+	ids = make([]int32, n)
+	pieces = make([]string, n)
+	// The loop never looks at n, which is what makes the output
+	// prefix-stable.
+	prev := afterNothing
+	for i := range n {
+		var p genPiece
+		if prev == afterWord && intN(&rng, 10) == 0 {
+			if intN(&rng, 2) == 0 {
+				p, prev = genPeriod, afterPeriod
+			} else {
+				p, prev = genComma, afterComma
+			}
+		} else {
+			f := &genTable[pickWord(&rng)]
+			switch prev {
+			case afterNothing:
+				p = f.first
+			case afterPeriod:
+				p = f.capital
+			default:
+				p = f.mid
+			}
+			prev = afterWord
+		}
+		ids[i], pieces[i] = p.id, p.text
+	}
+	return ids, pieces
+}
+
+// genState is what Generate emitted last, which decides what may follow.
+type genState uint8
+
+const (
+	afterNothing genState = iota
+	afterWord
+	afterPeriod
+	afterComma
+)
+
+// pickWord returns an index into genWords, favouring function words half of
+// the time.
+func pickWord(rng *rand.PCG) int {
+	if intN(rng, 2) == 0 {
+		return intN(rng, commonWords)
+	}
+	return intN(rng, len(genWords))
+}
+
+// intN returns a number in [0, n) from the top of one PCG output. Unlike
+// rand.Rand's methods it is defined here, so Generate's output cannot change
+// with the Go release; its bias, below n/2^64, does not matter for n this
+// small.
+func intN(rng *rand.PCG, n int) int {
+	hi, _ := bits.Mul64(rng.Uint64(), uint64(n))
+	return int(hi)
+}
