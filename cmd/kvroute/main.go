@@ -19,6 +19,8 @@ type command struct {
 
 // commands lists the subcommands in the order usage shows them.
 var commands = []command{
+	{"serve", "route OpenAI API requests to a fleet of inference servers (the router)", runServe},
+	{"demo", "compare round-robin and kvroute on an emulated fleet, in this process", runDemo},
 	{"emulate", "serve emulated vLLM servers (OpenAI API, vLLM metrics) driven by the engine model", runEmulate},
 }
 

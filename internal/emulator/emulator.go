@@ -379,8 +379,8 @@ func (s *Server) await(ctx context.Context, c *call, have int) (int, error) {
 	}
 }
 
-// stats returns the engine's counters.
-func (s *Server) stats() engine.Stats {
+// Stats returns the engine's counters. Safe for concurrent use.
+func (s *Server) Stats() engine.Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.eng.Stats()

@@ -689,7 +689,7 @@ func TestStopFailsInFlightRequests(t *testing.T) {
 			} else if w.Code != http.StatusServiceUnavailable {
 				t.Errorf("status %d body %q: want 503", w.Code, body)
 			}
-			if st := s.stats(); st.Running+st.Waiting != 0 || st.UsedBlocks != 0 {
+			if st := s.Stats(); st.Running+st.Waiting != 0 || st.UsedBlocks != 0 {
 				t.Errorf("engine after stop: %+v", st)
 			}
 

@@ -113,7 +113,7 @@ func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.s.stats()
+	st := c.s.Stats()
 	gauge := func(d *prometheus.Desc, v float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
 	}

@@ -1,0 +1,180 @@
+// Package fleet holds the backends kvroute routes to: their identity, the
+// models they serve, their health, the load signals scraped from them and the
+// router's own exact, immediate count of the work it has sent them.
+package fleet
+
+import (
+	"net/url"
+	"sync/atomic"
+	"time"
+)
+
+// Backend is one inference server. Its identity is fixed at construction;
+// everything that changes is atomic, so a Backend is safe for concurrent use
+// and the hot path reads it without locks.
+type Backend struct {
+	// Index is the backend's position in its fleet, stable for its life.
+	Index int
+	// Name is the backend's name, shown in X-Kvroute-Backend.
+	Name string
+	// URL is the backend's base URL (scheme and host, maybe a path prefix).
+	URL *url.URL
+
+	healthy atomic.Bool
+	info    atomic.Pointer[Info]
+	metrics atomic.Pointer[Metrics]
+
+	// Router-side accounting, changed the moment a request is routed and
+	// released as it progresses (see Load).
+	requests      atomic.Int64
+	prefillTokens atomic.Int64
+	decodeTokens  atomic.Int64
+	decoding      atomic.Int64
+}
+
+// Info is what a backend says about itself, learned at discovery.
+type Info struct {
+	// Models are the model ids the backend serves (from /v1/models).
+	Models []string
+	// BlockSize and KVBlocks describe its KV cache (from
+	// vllm:cache_config_info, 0 when unknown).
+	BlockSize, KVBlocks int
+}
+
+// Serves reports whether the backend serves model.
+func (i *Info) Serves(model string) bool {
+	if i == nil {
+		return false
+	}
+	for _, m := range i.Models {
+		if m == model {
+			return true
+		}
+	}
+	return false
+}
+
+// KVTokens is the KV capacity in tokens, 0 when unknown.
+func (i *Info) KVTokens() int {
+	if i == nil {
+		return 0
+	}
+	return i.BlockSize * i.KVBlocks
+}
+
+// Metrics are the load signals scraped from a backend's /metrics, in the
+// units of the engine's own names (vLLM, SGLang or llama.cpp).
+type Metrics struct {
+	// Running and Waiting are the engine's batch and queue lengths.
+	Running, Waiting float64
+	// KVUsage is the fraction of KV cache in use, in [0, 1]; negative when
+	// the engine does not report it.
+	KVUsage float64
+	// PrefixHits and PrefixQueries are the engine's cumulative prefix-cache
+	// counters in tokens (0 when not reported).
+	PrefixHits, PrefixQueries float64
+	// At is when the scrape finished.
+	At time.Time
+}
+
+// NewBackend returns a backend that is healthy until told otherwise.
+func NewBackend(index int, name string, u *url.URL) *Backend {
+	b := &Backend{Index: index, Name: name, URL: u}
+	b.healthy.Store(true)
+	return b
+}
+
+// Healthy reports whether the backend is in rotation.
+func (b *Backend) Healthy() bool { return b.healthy.Load() }
+
+// SetHealthy changes the backend's health and reports whether that was a
+// change (so that callers log transitions once).
+func (b *Backend) SetHealthy(ok bool) bool { return b.healthy.Swap(ok) != ok }
+
+// Info returns what the backend said about itself, or nil before discovery.
+func (b *Backend) Info() *Info { return b.info.Load() }
+
+// SetInfo records what the backend said about itself.
+func (b *Backend) SetInfo(i *Info) { b.info.Store(i) }
+
+// Metrics returns the latest scraped metrics, or nil if they are older than
+// maxAge at now (stale metrics are not to be trusted) or there are none.
+func (b *Backend) Metrics(now time.Time, maxAge time.Duration) *Metrics {
+	m := b.metrics.Load()
+	if m == nil || now.Sub(m.At) > maxAge {
+		return nil
+	}
+	return m
+}
+
+// SetMetrics records a scrape.
+func (b *Backend) SetMetrics(m *Metrics) { b.metrics.Store(m) }
+
+// Load is the router's own count of the work in flight on a backend.
+type Load struct {
+	// Requests routed there and not yet finished.
+	Requests int64
+	// PrefillTokens are the uncached prompt tokens of requests whose first
+	// token has not arrived: the prefill work queued there.
+	PrefillTokens int64
+	// Decoding is the number of requests past their first token.
+	Decoding int64
+	// DecodeTokens are the context tokens (prompt plus expected output) of
+	// requests that are decoding or will decode: the KV they hold.
+	DecodeTokens int64
+}
+
+// Load returns the backend's in-flight work.
+func (b *Backend) Load() Load {
+	return Load{
+		Requests:      b.requests.Load(),
+		PrefillTokens: b.prefillTokens.Load(),
+		Decoding:      b.decoding.Load(),
+		DecodeTokens:  b.decodeTokens.Load(),
+	}
+}
+
+// Start counts a request routed to the backend: prefill is the prompt
+// tokens the backend must compute, context the tokens its KV will hold. It
+// returns the handle that releases them; call its methods from the request's
+// own goroutine.
+func (b *Backend) Start(prefill, context int) *Flight {
+	b.requests.Add(1)
+	b.prefillTokens.Add(int64(prefill))
+	b.decodeTokens.Add(int64(context))
+	return &Flight{b: b, prefill: int64(prefill), context: int64(context)}
+}
+
+// Flight is one request's share of a backend's load, released in two parts:
+// the prefill at the first token, everything at the end.
+type Flight struct {
+	b                *Backend
+	prefill, context int64
+	firstDone, done  bool
+}
+
+// FirstToken releases the request's prefill work: it is decoding now.
+func (f *Flight) FirstToken() {
+	if f.firstDone || f.done {
+		return
+	}
+	f.firstDone = true
+	f.b.prefillTokens.Add(-f.prefill)
+	f.b.decoding.Add(1)
+}
+
+// Done releases everything the request still holds. Calling it again does
+// nothing.
+func (f *Flight) Done() {
+	if f.done {
+		return
+	}
+	if !f.firstDone {
+		f.b.prefillTokens.Add(-f.prefill)
+	} else {
+		f.b.decoding.Add(-1)
+	}
+	f.done = true
+	f.b.decodeTokens.Add(-f.context)
+	f.b.requests.Add(-1)
+}

@@ -1,0 +1,295 @@
+package fleet
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"math"
+	"strconv"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// maxMetricsBody bounds a /metrics response, in bytes. vLLM's is tens of
+// kilobytes; this leaves room for many models and label sets.
+const maxMetricsBody = 16 << 20
+
+// acceptText asks for the Prometheus text format, the one every engine
+// serves and the one we parse.
+const acceptText = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+
+// The metric names understood, per signal, in order of preference: vLLM
+// (V1, then the pre-0.10 KV name), SGLang, llama.cpp. A server exposes one
+// engine's names, so the first present wins and names are never mixed.
+var (
+	runningNames = []string{"vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing"}
+	waitingNames = []string{"vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred"}
+	// KV usage as a fraction of the cache. llama.cpp dropped its gauge when
+	// its KV cache was unified; newer builds report none.
+	kvUsageNames = []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
+		"llamacpp:kv_cache_usage_ratio"}
+	// Cumulative prefix-cache counters in tokens, as (hits, queries) pairs.
+	// SGLang counts cached prompt tokens (summed over its cache_source
+	// label: device, host, storage) against all prompt tokens.
+	prefixNames = [][2]string{
+		{"vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"},
+		{"sglang:cached_tokens_total", "sglang:prompt_tokens_total"},
+	}
+	cacheConfigName = "vllm:cache_config_info"
+)
+
+// wanted is every name above: the only lines of a scrape worth parsing.
+var wanted = func() map[string]bool {
+	w := map[string]bool{cacheConfigName: true}
+	for _, names := range [][]string{runningNames, waitingNames, kvUsageNames} {
+		for _, n := range names {
+			w[n] = true
+		}
+	}
+	for _, p := range prefixNames {
+		w[p[0]], w[p[1]] = true, true
+	}
+	return w
+}()
+
+// cacheConfig is a backend's KV cache shape from vllm:cache_config_info.
+type cacheConfig struct {
+	blockSize, blocks int
+}
+
+// scraper parses one backend's /metrics. Its buffers are reused from scrape
+// to scrape; it is not safe for concurrent use (member.scrapeMu guards it).
+//
+// A vLLM exposition is mostly histogram buckets (tens of kilobytes, hundreds
+// of series), and expfmt turns every series into several protobuf
+// allocations. So the scraper first keeps only the sample lines of the few
+// metrics it reads, in a reused buffer, and lets expfmt parse just those:
+// scraping often then costs little more than reading the bytes.
+type scraper struct {
+	in     *bufio.Reader
+	kept   bytes.Buffer
+	rd     bytes.Reader
+	parser expfmt.TextParser
+	ready  bool
+}
+
+// scrape reads m's /metrics and stores its load signals with At = now, and
+// its KV cache shape when it has one. A failed scrape leaves the old metrics
+// to go stale; it never marks m down (health checks do that). Failures are
+// logged once until a scrape works again.
+func (f *Fleet) scrape(ctx context.Context, m *member) {
+	m.scrapeMu.Lock()
+	defer m.scrapeMu.Unlock()
+	var (
+		met   *Metrics
+		cache cacheConfig
+	)
+	err := f.fetch(ctx, m.metricsURL, acceptText, maxMetricsBody, func(r io.Reader) error {
+		var err error
+		met, cache, err = m.scraper.parse(r)
+		return err
+	})
+	if ctx.Err() != nil {
+		return
+	}
+	b := m.b
+	if err != nil {
+		if !m.scrapeFailing {
+			m.scrapeFailing = true
+			f.log.Warn("backend scrape failed", "backend", b.Name, "url", m.base, "err", err)
+		}
+		return
+	}
+	if m.scrapeFailing {
+		m.scrapeFailing = false
+		f.log.Info("backend scrape recovered", "backend", b.Name, "url", m.base)
+	}
+	met.At = f.now()
+	b.SetMetrics(met)
+	if cache.blockSize > 0 && cache.blocks > 0 {
+		m.setCache(cache)
+	}
+}
+
+// parse reads a Prometheus text exposition and returns the load signals in
+// it, summed over label sets (fractions averaged), and the KV cache shape
+// (zero when absent). It fails with ErrNoLoadMetrics when the text has
+// neither a running nor a waiting count.
+func (s *scraper) parse(r io.Reader) (*Metrics, cacheConfig, error) {
+	if err := s.filter(r); err != nil {
+		return nil, cacheConfig{}, err
+	}
+	if !s.ready {
+		// The zero TextParser has no name validation scheme and panics on
+		// the first name; UTF-8 accepts vLLM's colons and anything else.
+		s.parser = expfmt.NewTextParser(model.UTF8Validation)
+		s.ready = true
+	}
+	s.rd.Reset(s.kept.Bytes())
+	fams, err := s.parser.TextToMetricFamilies(&s.rd)
+	if err != nil {
+		return nil, cacheConfig{}, err
+	}
+
+	met := &Metrics{KVUsage: -1}
+	running, okR := first(fams, runningNames, sum)
+	waiting, okW := first(fams, waitingNames, sum)
+	if !okR && !okW {
+		return nil, cacheConfig{}, ErrNoLoadMetrics
+	}
+	met.Running, met.Waiting = running, waiting
+	if kv, ok := first(fams, kvUsageNames, mean); ok {
+		met.KVUsage = min(max(kv, 0), 1)
+	}
+	for _, p := range prefixNames {
+		hits, okH := sum(fams[p[0]])
+		queries, okQ := sum(fams[p[1]])
+		if okH && okQ {
+			met.PrefixHits, met.PrefixQueries = hits, queries
+			break
+		}
+	}
+	return met, cacheShape(fams[cacheConfigName]), nil
+}
+
+// filter copies to s.kept the sample lines of wanted metrics from r,
+// dropping comments and everything else.
+func (s *scraper) filter(r io.Reader) error {
+	if s.in == nil {
+		s.in = bufio.NewReaderSize(r, 16<<10)
+	} else {
+		s.in.Reset(r)
+	}
+	defer s.in.Reset(nil) // don't hold on to the response body
+	s.kept.Reset()
+	for {
+		line, err := s.in.ReadSlice('\n')
+		keep := wanted[string(metricName(line))]
+		if keep {
+			s.kept.Write(line)
+		}
+		for errors.Is(err, bufio.ErrBufferFull) { // a line longer than the buffer
+			line, err = s.in.ReadSlice('\n')
+			if keep {
+				s.kept.Write(line)
+			}
+		}
+		if err == io.EOF {
+			if k := s.kept.Bytes(); len(k) > 0 && k[len(k)-1] != '\n' {
+				s.kept.WriteByte('\n') // the parser wants whole lines
+			}
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// metricName returns the metric name a sample line starts with; nothing for
+// comments, blank lines and quoted (UTF-8) names, none of which we want.
+func metricName(line []byte) []byte {
+	i := 0
+	for i < len(line) && (line[i] == ' ' || line[i] == '\t') {
+		i++
+	}
+	line = line[i:]
+	for j, c := range line {
+		switch c {
+		case '{', ' ', '\t', '\n', '\r', '#', '"':
+			return line[:j]
+		}
+	}
+	return line
+}
+
+// first applies agg to the first family of names present.
+func first(fams map[string]*dto.MetricFamily, names []string, agg func(*dto.MetricFamily) (float64, bool)) (float64, bool) {
+	for _, n := range names {
+		if v, ok := agg(fams[n]); ok {
+			return v, true
+		}
+	}
+	return 0, false
+}
+
+// sum adds up a family's finite sample values over its label sets: several
+// models on one server, or several engines behind one vLLM API server.
+func sum(mf *dto.MetricFamily) (float64, bool) {
+	var (
+		total float64
+		n     int
+	)
+	for _, m := range mf.GetMetric() {
+		if v, ok := value(m); ok {
+			total += v
+			n++
+		}
+	}
+	return total, n > 0
+}
+
+// mean averages a family's finite sample values over its label sets: the
+// right way to combine fractions such as KV usage (two data-parallel engines
+// at 60 % are a server at 60 %, not 120 %).
+func mean(mf *dto.MetricFamily) (float64, bool) {
+	total, ok := sum(mf)
+	if !ok {
+		return 0, false
+	}
+	n := 0
+	for _, m := range mf.GetMetric() {
+		if _, ok := value(m); ok {
+			n++
+		}
+	}
+	return total / float64(n), true
+}
+
+// value is a sample's value, whatever its declared type; false when it has
+// none or it is NaN or infinite.
+func value(m *dto.Metric) (float64, bool) {
+	var v float64
+	switch {
+	case m.GetGauge() != nil:
+		v = m.GetGauge().GetValue()
+	case m.GetCounter() != nil:
+		v = m.GetCounter().GetValue()
+	case m.GetUntyped() != nil:
+		v = m.GetUntyped().GetValue()
+	default:
+		return 0, false
+	}
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, false
+	}
+	return v, true
+}
+
+// cacheShape reads block_size and num_gpu_blocks from the labels of
+// vllm:cache_config_info. With several engines (data parallel), each has its
+// own cache: their blocks add up. Labels that aren't numbers (vLLM says
+// "None" before profiling) count as absent.
+func cacheShape(mf *dto.MetricFamily) cacheConfig {
+	var c cacheConfig
+	for _, m := range mf.GetMetric() {
+		var bs, nb int
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "block_size":
+				bs, _ = strconv.Atoi(l.GetValue())
+			case "num_gpu_blocks":
+				nb, _ = strconv.Atoi(l.GetValue())
+			}
+		}
+		if bs > 0 && nb > 0 {
+			c.blockSize = bs
+			c.blocks += nb
+		}
+	}
+	return c
+}

@@ -1,0 +1,262 @@
+// Package prefix is the router's approximate picture of which backend holds
+// which part of which prompt in its KV cache.
+//
+// A prompt is cut into fixed-size blocks of its canonical text, and each
+// block is named by a hash chained over every block before it, so equal
+// hashes mean equal text up to the end of that block, as with the engines'
+// own prefix caching. Per backend, the index remembers the blocks it
+// probably holds, most recently used first, bounded by that backend's KV
+// capacity: what the engine would have evicted, the index forgets too.
+package prefix
+
+import (
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// DefaultBlockBytes is the default block size in bytes of text: about 64
+// tokens of English, four vLLM blocks.
+const DefaultBlockBytes = 256
+
+// Hash appends to dst the chained hashes of the full blockBytes-sized
+// blocks of prompt. A partial last block gets no hash: no engine can reuse
+// it either.
+func Hash(dst []uint64, prompt string, blockBytes int) []uint64 {
+	if blockBytes <= 0 {
+		return dst
+	}
+	var d xxhash.Digest
+	var parent [8]byte
+	for start := 0; start+blockBytes <= len(prompt); start += blockBytes {
+		d.Reset()
+		d.Write(parent[:])
+		d.WriteString(prompt[start : start+blockBytes])
+		h := d.Sum64()
+		for i := range parent {
+			parent[i] = byte(h >> (8 * i))
+		}
+		dst = append(dst, h)
+	}
+	return dst
+}
+
+// Index maps block hashes to the backends that probably hold them. It is
+// safe for concurrent use; every method takes one short lock.
+type Index struct {
+	mu       sync.Mutex
+	blocks   map[uint64]*block
+	backends []lru
+}
+
+// block is one prompt block and the backends holding it.
+type block struct {
+	hash    uint64
+	holders []holder
+}
+
+type holder struct {
+	backend int32
+	node    int32 // the block's node in that backend's LRU list
+}
+
+// lru is one backend's blocks, most recently used at the head.
+type lru struct {
+	capacity   int
+	nodes      []node
+	head, tail int32
+	free       int32 // a list of unused nodes, linked by next
+	size       int
+}
+
+type node struct {
+	b          *block
+	prev, next int32
+}
+
+const nilNode int32 = -1
+
+// New returns an empty index for backends numbered 0..n-1, each holding at
+// most capacity blocks until SetCapacity says otherwise.
+func New(n, capacity int) *Index {
+	ix := &Index{blocks: make(map[uint64]*block), backends: make([]lru, n)}
+	for i := range ix.backends {
+		ix.backends[i] = lru{capacity: max(capacity, 1), head: nilNode, tail: nilNode, free: nilNode}
+	}
+	return ix
+}
+
+// SetCapacity bounds backend's blocks, forgetting its least recently used
+// ones beyond the bound.
+func (ix *Index) SetCapacity(backend, capacity int) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	l := &ix.backends[backend]
+	l.capacity = max(capacity, 1)
+	for l.size > l.capacity {
+		ix.evictTail(backend)
+	}
+}
+
+// Capacity returns backend's bound in blocks.
+func (ix *Index) Capacity(backend int) int {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	return ix.backends[backend].capacity
+}
+
+// Len returns how many blocks backend holds in the index.
+func (ix *Index) Len(backend int) int {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	return ix.backends[backend].size
+}
+
+// Match sets matched[b] to the number of leading blocks of hashes that
+// backend b holds, for every backend (matched has one entry per backend),
+// and returns the longest match. It stops reading hashes as soon as no
+// backend can match further, so a prompt nobody holds costs one lookup.
+func (ix *Index) Match(hashes []uint64, matched []int) int {
+	clear(matched)
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	longest := 0
+	for i, h := range hashes {
+		b := ix.blocks[h]
+		if b == nil {
+			break
+		}
+		alive := false
+		for _, hd := range b.holders {
+			if matched[hd.backend] == i {
+				matched[hd.backend] = i + 1
+				alive = true
+			}
+		}
+		if !alive {
+			break
+		}
+		longest = i + 1
+	}
+	return longest
+}
+
+// Insert records that backend now holds every block of hashes (it has just
+// computed or reused them), as its most recently used.
+func (ix *Index) Insert(backend int, hashes []uint64) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	// Touch in reverse so that the prompt's first block ends up most
+	// recent: engines evict a sequence's tail first, and a shared prefix
+	// outlives the tails that hang off it.
+	for i := len(hashes) - 1; i >= 0; i-- {
+		ix.touch(backend, hashes[i])
+	}
+}
+
+// Forget removes backend's claim on hashes[from:]: it turned out not to
+// hold them.
+func (ix *Index) Forget(backend int, hashes []uint64, from int) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	for _, h := range hashes[min(from, len(hashes)):] {
+		b := ix.blocks[h]
+		if b == nil {
+			continue
+		}
+		for _, hd := range b.holders {
+			if int(hd.backend) == backend {
+				ix.remove(backend, hd.node)
+				break
+			}
+		}
+	}
+}
+
+// touch makes h the most recently used block of backend, adding it if new.
+func (ix *Index) touch(backend int, h uint64) {
+	l := &ix.backends[backend]
+	b := ix.blocks[h]
+	if b == nil {
+		b = &block{hash: h}
+		ix.blocks[h] = b
+	}
+	for _, hd := range b.holders {
+		if int(hd.backend) == backend {
+			l.unlink(hd.node)
+			l.pushHead(hd.node)
+			return
+		}
+	}
+	if l.size >= l.capacity {
+		ix.evictTail(backend)
+	}
+	n := l.alloc(b)
+	l.pushHead(n)
+	l.size++
+	b.holders = append(b.holders, holder{backend: int32(backend), node: n})
+}
+
+func (ix *Index) evictTail(backend int) {
+	ix.remove(backend, ix.backends[backend].tail)
+}
+
+// remove drops node n (a block) from backend's list and the block's holders.
+func (ix *Index) remove(backend int, n int32) {
+	l := &ix.backends[backend]
+	b := l.nodes[n].b
+	l.unlink(n)
+	l.release(n)
+	l.size--
+	for i, hd := range b.holders {
+		if int(hd.backend) == backend {
+			last := len(b.holders) - 1
+			b.holders[i] = b.holders[last]
+			b.holders = b.holders[:last]
+			break
+		}
+	}
+	if len(b.holders) == 0 {
+		delete(ix.blocks, b.hash)
+	}
+}
+
+func (l *lru) alloc(b *block) int32 {
+	if l.free != nilNode {
+		n := l.free
+		l.free = l.nodes[n].next
+		l.nodes[n] = node{b: b, prev: nilNode, next: nilNode}
+		return n
+	}
+	l.nodes = append(l.nodes, node{b: b, prev: nilNode, next: nilNode})
+	return int32(len(l.nodes) - 1)
+}
+
+func (l *lru) release(n int32) {
+	l.nodes[n] = node{next: l.free, prev: nilNode}
+	l.free = n
+}
+
+func (l *lru) pushHead(n int32) {
+	l.nodes[n].prev, l.nodes[n].next = nilNode, l.head
+	if l.head != nilNode {
+		l.nodes[l.head].prev = n
+	} else {
+		l.tail = n
+	}
+	l.head = n
+}
+
+func (l *lru) unlink(n int32) {
+	p, nx := l.nodes[n].prev, l.nodes[n].next
+	if p != nilNode {
+		l.nodes[p].next = nx
+	} else {
+		l.head = nx
+	}
+	if nx != nilNode {
+		l.nodes[nx].prev = p
+	} else {
+		l.tail = p
+	}
+}

@@ -1,0 +1,97 @@
+package prefix
+
+import (
+	"strings"
+	"testing"
+)
+
+func text(seed byte, n int) string {
+	var sb strings.Builder
+	for i := range n {
+		sb.WriteByte('a' + (seed+byte(i*7)+byte(i/26))%26)
+	}
+	return sb.String()
+}
+
+func TestHashChains(t *testing.T) {
+	a := Hash(nil, text(1, 40), 16)
+	b := Hash(nil, text(1, 32)+text(9, 8), 16)
+	if len(a) != 2 || len(b) != 2 || a[0] != b[0] || a[1] != b[1] {
+		t.Fatalf("equal full blocks must hash equal: %x %x", a, b)
+	}
+	c := Hash(nil, "X"+text(1, 40)[1:], 16)
+	if c[1] == a[1] {
+		t.Error("block 2 after a different block 1 must hash differently")
+	}
+	if got := Hash(nil, text(1, 15), 16); len(got) != 0 {
+		t.Errorf("a partial block got a hash: %x", got)
+	}
+}
+
+func TestMatchPerBackend(t *testing.T) {
+	ix := New(3, 100)
+	long := Hash(nil, text(1, 10*16), 16)
+	ix.Insert(0, long[:6])
+	ix.Insert(1, long[:3])
+	ix.Insert(2, Hash(nil, text(2, 4*16), 16))
+	matched := make([]int, 3)
+	if got := ix.Match(long, matched); got != 6 {
+		t.Errorf("longest = %d, want 6", got)
+	}
+	if matched[0] != 6 || matched[1] != 3 || matched[2] != 0 {
+		t.Errorf("matched = %v, want [6 3 0]", matched)
+	}
+	// A hole in a backend's blocks ends its match there.
+	ix.Forget(0, long, 2)
+	ix.Insert(0, long[4:5])
+	if ix.Match(long, matched); matched[0] != 2 {
+		t.Errorf("after forgetting block 2 on: matched[0] = %d, want 2", matched[0])
+	}
+}
+
+func TestLRUBoundsEachBackend(t *testing.T) {
+	ix := New(2, 8)
+	a := Hash(nil, text(1, 4*16), 16)
+	b := Hash(nil, text(2, 4*16), 16)
+	c := Hash(nil, text(3, 4*16), 16)
+	matched := make([]int, 2)
+	ix.Insert(0, a)
+	ix.Insert(0, b)
+	ix.Insert(0, a) // a is now more recent than b
+	ix.Insert(0, c) // evicts b's 4 blocks, tail first
+	if ix.Match(a, matched); matched[0] != 4 {
+		t.Errorf("a: matched %d, want 4", matched[0])
+	}
+	if ix.Match(b, matched); matched[0] != 0 {
+		t.Errorf("b: matched %d, want 0 (least recently used)", matched[0])
+	}
+	if ix.Len(0) != 8 || ix.Len(1) != 0 {
+		t.Errorf("sizes %d, %d; want 8, 0", ix.Len(0), ix.Len(1))
+	}
+	// Evicting the tail first keeps a prompt's head: shrink to 6 blocks.
+	ix.SetCapacity(0, 6)
+	if ix.Match(c, matched); matched[0] != 4 {
+		t.Errorf("c after shrink: matched %d, want 4", matched[0])
+	}
+	if ix.Match(a, matched); matched[0] != 2 {
+		t.Errorf("a after shrink: matched %d, want its first 2 blocks", matched[0])
+	}
+	// A block held by two backends survives one forgetting it.
+	ix.Insert(1, c)
+	ix.Forget(0, c, 0)
+	if ix.Match(c, matched); matched[0] != 0 || matched[1] != 4 {
+		t.Errorf("c after backend 0 forgot it: matched %v, want [0 4]", matched)
+	}
+}
+
+var sinkHashes []uint64
+
+func BenchmarkHash(b *testing.B) {
+	prompt := text(1, 128<<10) // about 32k tokens
+	b.SetBytes(int64(len(prompt)))
+	b.ReportAllocs()
+	buf := make([]uint64, 0, len(prompt)/DefaultBlockBytes)
+	for b.Loop() {
+		sinkHashes = Hash(buf[:0], prompt, DefaultBlockBytes)
+	}
+}

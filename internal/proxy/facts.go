@@ -1,0 +1,322 @@
+package proxy
+
+import (
+	"encoding/json"
+	"strconv"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/internal/router"
+)
+
+// generation is what the proxy reads from the body of a chat or completion
+// request: the router's facts and what forwarding needs to know.
+type generation struct {
+	req router.Request
+	// stream is the request's "stream": true.
+	stream bool
+	// includeUsage is the request's stream_options.include_usage: true.
+	includeUsage bool
+}
+
+// parseGeneration reads the body of a chat (router.EndpointChat) or
+// completion (router.EndpointCompletion) request in one pass. session is the
+// session header's value, which takes precedence over the body's keys.
+func parseGeneration(ep router.Endpoint, body []byte, session string) (*generation, *apiError) {
+	obj, e := jsonObject(body)
+	if e != nil {
+		return nil, e
+	}
+	var model, messages, prompt, cacheKey, user, maxTokens, maxCompletion, stream, opts []byte
+	for m := range members(obj) {
+		v := obj[m.val:m.end]
+		switch {
+		case m.is("model"):
+			model = v
+		case m.is("messages"):
+			messages = v
+		case m.is("prompt"):
+			prompt = v
+		case m.is("prompt_cache_key"):
+			cacheKey = v
+		case m.is("user"):
+			user = v
+		case m.is("max_tokens"):
+			maxTokens = v
+		case m.is("max_completion_tokens"):
+			maxCompletion = v
+		case m.is("stream"):
+			stream = v
+		case m.is("stream_options"):
+			opts = v
+		}
+	}
+	g := &generation{req: router.Request{Endpoint: ep}}
+	if g.req.Model, e = modelName(model); e != nil {
+		return nil, e
+	}
+
+	// The rendered prompt is about as long as the body: size it once.
+	dst := make([]byte, 0, len(body))
+	switch ep {
+	case router.EndpointChat:
+		switch {
+		case messages == nil || isNull(messages):
+			return nil, badRequest("messages", "'messages' is a required property")
+		case messages[0] != '[':
+			return nil, badRequest("messages", "invalid type for 'messages': expected an array of messages")
+		}
+		dst, e = renderChat(dst, messages)
+	default:
+		if prompt == nil || isNull(prompt) {
+			return nil, badRequest("prompt", "'prompt' is a required property")
+		}
+		dst = renderPrompt(dst, prompt)
+	}
+	if e != nil {
+		return nil, e
+	}
+	g.req.Prompt = string(dst)
+
+	g.req.SessionKey = session
+	if g.req.SessionKey == "" {
+		g.req.SessionKey = stringValue(cacheKey)
+	}
+	if g.req.SessionKey == "" {
+		g.req.SessionKey = stringValue(user)
+	}
+	g.req.MaxTokens = max(intValue(maxCompletion), 0)
+	if g.req.MaxTokens == 0 {
+		g.req.MaxTokens = max(intValue(maxTokens), 0)
+	}
+	g.stream = string(stream) == "true"
+	g.includeUsage = string(field(opts, "include_usage")) == "true"
+	return g, nil
+}
+
+// jsonObject checks that body is one JSON object and returns it.
+func jsonObject(body []byte) ([]byte, *apiError) {
+	i := skipSpace(body, 0)
+	if i == len(body) {
+		return nil, badRequest("", "request body is empty: expected a JSON object")
+	}
+	if !json.Valid(body) {
+		var v any
+		err := json.Unmarshal(body, &v) // only to say where and why
+		return nil, badRequest("", "malformed JSON in request body: %v", err)
+	}
+	if body[i] != '{' {
+		return nil, badRequest("", "request body must be a JSON object")
+	}
+	return body, nil
+}
+
+// modelName validates the "model" member's value v and returns the name.
+func modelName(v []byte) (string, *apiError) {
+	switch {
+	case v == nil || isNull(v):
+		return "", badRequest("model", "'model' is a required property")
+	case !isString(v):
+		return "", badRequest("model", "invalid type for 'model': expected a string")
+	}
+	name := stringValue(v)
+	if name == "" {
+		return "", badRequest("model", "'model' must not be empty")
+	}
+	return name, nil
+}
+
+// bodyModel returns the "model" of a JSON object body, or "" if it has none.
+// It serves the endpoints that are routed by model only when they name one.
+func bodyModel(body []byte) string {
+	i := skipSpace(body, 0)
+	if i == len(body) || body[i] != '{' || !json.Valid(body) {
+		return ""
+	}
+	return stringValue(field(body, "model"))
+}
+
+// renderChat appends the canonical text of a chat conversation to dst: for
+// every message in order, its role (with its name and tool_call_id when
+// present), a newline, its content (and any tool calls, as compact JSON), a
+// newline. The result depends only on what the model sees, never on the
+// body's layout or on other request fields, so the turns of one conversation
+// render as prefixes of each other: what the router's prefix index needs.
+func renderChat(dst, messages []byte) ([]byte, *apiError) {
+	n := 0
+	for msg := range elems(messages) {
+		if !isObject(msg) {
+			param := messageParam(n)
+			return nil, badRequest(param, "invalid type for '%s': expected a message object", param)
+		}
+		var role, name, content, toolCalls, toolCallID, functionCall []byte
+		for m := range members(msg) {
+			v := msg[m.val:m.end]
+			switch {
+			case m.is("role"):
+				role = v
+			case m.is("name"):
+				name = v
+			case m.is("content"):
+				content = v
+			case m.is("tool_calls"):
+				toolCalls = v
+			case m.is("tool_call_id"):
+				toolCallID = v
+			case m.is("function_call"):
+				functionCall = v
+			}
+		}
+		if !isString(role) {
+			param := messageParam(n)
+			return nil, badRequest(param+".role", "'%s.role' is required and must be a string", param)
+		}
+		dst = appendString(dst, role)
+		if isString(name) {
+			dst = appendString(append(dst, " name="...), name)
+		}
+		if isString(toolCallID) {
+			dst = appendString(append(dst, " tool_call_id="...), toolCallID)
+		}
+		dst = append(dst, '\n')
+		start := len(dst)
+		dst = appendContent(dst, content)
+		for _, call := range [...][]byte{toolCalls, functionCall} {
+			if nonEmpty(call) {
+				if len(dst) > start {
+					dst = append(dst, '\n')
+				}
+				dst = appendCompact(dst, call)
+			}
+		}
+		dst = append(dst, '\n')
+		n++
+	}
+	if n == 0 {
+		return nil, badRequest("messages", "'messages' must contain at least one message")
+	}
+	return dst, nil
+}
+
+// messageParam names the n-th message in an error.
+func messageParam(n int) string { return "messages[" + strconv.Itoa(n) + "]" }
+
+// appendContent appends the text of a message's content: a string as it is;
+// an array of parts as their texts joined by newlines (as vLLM joins them for
+// string chat templates), with each non-text part (an image, audio, a file)
+// as a short digest of its JSON, so that different images give different
+// prompts without copying megabytes of base64 into the prompt.
+func appendContent(dst, content []byte) []byte {
+	switch {
+	case len(content) == 0 || isNull(content):
+		return dst
+	case isString(content):
+		return appendString(dst, content)
+	case content[0] != '[':
+		return appendCompact(dst, content)
+	}
+	first := true
+	for part := range elems(content) {
+		if !first {
+			dst = append(dst, '\n')
+		}
+		first = false
+		if isString(part) {
+			dst = appendString(dst, part)
+			continue
+		}
+		if text := field(part, "text"); isString(text) {
+			dst = appendString(dst, text)
+			continue
+		}
+		// Compact the part in place to hash it, then replace it by the
+		// digest.
+		mark := len(dst)
+		dst = appendCompact(dst, part)
+		sum := xxhash.Sum64(dst[mark:])
+		dst = dst[:mark]
+		dst = append(dst, '<')
+		dst = appendString(dst, field(part, "type"))
+		dst = append(dst, ' ')
+		dst = strconv.AppendUint(dst, sum, 16)
+		dst = append(dst, '>')
+	}
+	return dst
+}
+
+// renderPrompt appends the canonical text of a completion prompt to dst: a
+// string as it is; token ids as decimal numbers separated by spaces; of a
+// batch (an array of strings or of id arrays) the first prompt, which is the
+// one whose prefix the backend will cache first. Anything else is rendered
+// as compact JSON and left to the backend to judge.
+func renderPrompt(dst, prompt []byte) []byte {
+	switch {
+	case isString(prompt):
+		return appendString(dst, prompt)
+	case prompt[0] != '[':
+		return appendCompact(dst, prompt)
+	}
+	// A first element that is a string or an array makes a batch.
+	for el := range elems(prompt) {
+		if isString(el) || el[0] == '[' {
+			return renderPrompt(dst, el)
+		}
+		break
+	}
+	for el := range elems(prompt) {
+		if intValue(el) < 0 {
+			return appendCompact(dst, prompt)
+		}
+	}
+	sep := false
+	for el := range elems(prompt) {
+		if sep {
+			dst = append(dst, ' ')
+		}
+		dst = append(dst, el...)
+		sep = true
+	}
+	return dst
+}
+
+// withIncludeUsage returns body with stream_options.include_usage set to
+// true, changing nothing else: the member is inserted, or its value
+// replaced, at the one place it belongs. It reports false and leaves body as
+// it is when stream_options is neither absent, null nor an object (the
+// backend will reject the request and the client should see why). body must
+// be a valid JSON object.
+func withIncludeUsage(body []byte) ([]byte, bool) {
+	const set = `"include_usage":true`
+	so, found := lookup(body, "stream_options")
+	if !found {
+		at := skipSpace(body, 0) + 1 // just inside the top-level '{'
+		ins := `"stream_options":{` + set + `}`
+		if body[skipSpace(body, at)] != '}' {
+			ins += ","
+		}
+		return splice(body, at, at, ins), true
+	}
+	v := body[so.val:so.end]
+	switch {
+	case isNull(v):
+		return splice(body, so.val, so.end, "{"+set+"}"), true
+	case isObject(v):
+		if iu, ok := lookup(v, "include_usage"); ok {
+			return splice(body, so.val+iu.val, so.val+iu.end, "true"), true
+		}
+		ins := set
+		if v[skipSpace(v, 1)] != '}' {
+			ins += ","
+		}
+		return splice(body, so.val+1, so.val+1, ins), true
+	}
+	return body, false
+}
+
+// splice returns a new slice holding b with b[from:to] replaced by s.
+func splice(b []byte, from, to int, s string) []byte {
+	out := make([]byte, 0, len(b)-(to-from)+len(s))
+	out = append(out, b[:from]...)
+	out = append(out, s...)
+	return append(out, b[to:]...)
+}

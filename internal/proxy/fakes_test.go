@@ -1,0 +1,283 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/emulator"
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/router"
+)
+
+// fakeFleet is a Fleet over fixed backends. MarkFailed takes a backend out
+// of rotation and records why.
+type fakeFleet struct {
+	backends []*fleet.Backend
+	notReady atomic.Bool
+
+	mu     sync.Mutex
+	failed map[string]error
+}
+
+// Both the real fleet and the fake are Fleets.
+var (
+	_ Fleet = (*fleet.Fleet)(nil)
+	_ Fleet = (*fakeFleet)(nil)
+)
+
+func newFakeFleet(bs ...*fleet.Backend) *fakeFleet {
+	return &fakeFleet{backends: bs, failed: make(map[string]error)}
+}
+
+func (f *fakeFleet) Candidates(dst []*fleet.Backend, model string) []*fleet.Backend {
+	for _, b := range f.backends {
+		if b.Healthy() && b.Info().Serves(model) {
+			dst = append(dst, b)
+		}
+	}
+	return dst
+}
+
+func (f *fakeFleet) Healthy(dst []*fleet.Backend) []*fleet.Backend {
+	for _, b := range f.backends {
+		if b.Healthy() {
+			dst = append(dst, b)
+		}
+	}
+	return dst
+}
+
+func (f *fakeFleet) Models() []string {
+	var ms []string
+	for _, b := range f.backends {
+		if i := b.Info(); i != nil {
+			ms = append(ms, i.Models...)
+		}
+	}
+	return ms
+}
+
+func (f *fakeFleet) Ready() bool {
+	if f.notReady.Load() {
+		return false
+	}
+	for _, b := range f.backends {
+		if b.Healthy() {
+			return true
+		}
+	}
+	return false
+}
+
+func (f *fakeFleet) MarkFailed(b *fleet.Backend, err error) {
+	b.SetHealthy(false)
+	f.mu.Lock()
+	f.failed[b.Name] = err
+	f.mu.Unlock()
+}
+
+func (f *fakeFleet) Backends() []*fleet.Backend { return f.backends }
+
+func (f *fakeFleet) failure(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failed[name]
+}
+
+// testBackend returns a healthy backend at rawURL that serves models.
+func testBackend(t testing.TB, index int, name, rawURL string, models ...string) *fleet.Backend {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := fleet.NewBackend(index, name, u)
+	b.SetInfo(&fleet.Info{Models: models})
+	return b
+}
+
+// firstPolicy picks the first candidate, estimates tokens crudely from the
+// prompt, and records every request and outcome.
+type firstPolicy struct {
+	// prefix is the PrefixTokens it claims for every request.
+	prefix int
+	// err, if set, is returned by Pick.
+	err error
+
+	mu       sync.Mutex
+	requests []router.Request
+	outcomes chan router.Outcome
+}
+
+var (
+	_ router.Policy  = (*firstPolicy)(nil)
+	_ router.Learner = (*firstPolicy)(nil)
+)
+
+func newFirstPolicy() *firstPolicy { return &firstPolicy{outcomes: make(chan router.Outcome, 100)} }
+
+func (*firstPolicy) Name() string { return "first" }
+
+func (p *firstPolicy) Pick(req *router.Request, cands []*fleet.Backend) (router.Decision, error) {
+	p.mu.Lock()
+	p.requests = append(p.requests, *req)
+	p.mu.Unlock()
+	if p.err != nil {
+		return router.Decision{}, p.err
+	}
+	prompt := len(req.Prompt)/4 + 1
+	return router.Decision{
+		Backend:      cands[0],
+		Reason:       "first",
+		PromptTokens: prompt,
+		PrefixTokens: min(p.prefix, prompt),
+		OutputTokens: req.MaxTokens,
+		Scores:       []router.Score{{Backend: cands[0].Name, Cost: 1, Cached: p.prefix}},
+	}, nil
+}
+
+func (p *firstPolicy) Observe(o router.Outcome) {
+	select {
+	case p.outcomes <- o:
+	default: // never block the proxy; tests read what they need
+	}
+}
+
+// outcome waits for the next outcome the proxy reports.
+func (p *firstPolicy) outcome(t testing.TB) router.Outcome {
+	t.Helper()
+	select {
+	case o := <-p.outcomes:
+		return o
+	case <-time.After(10 * time.Second):
+		t.Fatal("no outcome reported")
+		return router.Outcome{}
+	}
+}
+
+func (p *firstPolicy) lastRequest(t testing.TB) router.Request {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.requests) == 0 {
+		t.Fatal("the policy was not asked")
+	}
+	return p.requests[len(p.requests)-1]
+}
+
+func (p *firstPolicy) asked() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.requests)
+}
+
+// discard is a logger that drops everything.
+var discard = slog.New(slog.DiscardHandler)
+
+// server is an httptest server around h whose handler calls can be awaited:
+// done receives once each call has returned (panics included).
+type server struct {
+	*httptest.Server
+	done chan struct{}
+}
+
+func newServer(t testing.TB, h http.Handler) *server {
+	t.Helper()
+	s := &server{done: make(chan struct{}, 100)}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() { s.done <- struct{}{} }()
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// await waits for a handler call to return.
+func (s *server) await(t testing.TB) {
+	t.Helper()
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler did not return")
+	}
+}
+
+// newTestProxy serves a proxy over f with policy pol, after mod edits its
+// config.
+func newTestProxy(t testing.TB, f Fleet, pol router.Policy, mod func(*Config)) (*Proxy, *server) {
+	t.Helper()
+	cfg := Config{Fleet: f, Policy: pol, Logger: discard}
+	if mod != nil {
+		mod(&cfg)
+	}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, newServer(t, p)
+}
+
+// startEmulator runs an emulated vLLM server for model at the time scale.
+func startEmulator(t testing.TB, model string, scale float64) *server {
+	t.Helper()
+	em, err := emulator.New(emulator.Config{Model: model, TimeScale: scale, Seed: 1, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		_ = em.Run(ctx)
+	}()
+	// Cleanups run last-in first-out: the server closes (waiting for its
+	// handlers, which need the driver) before the driver stops.
+	t.Cleanup(func() {
+		cancel()
+		<-stopped
+	})
+	return newServer(t, em)
+}
+
+// assertIdle fails if any backend still counts load.
+func assertIdle(t testing.TB, bs ...*fleet.Backend) {
+	t.Helper()
+	for _, b := range bs {
+		if l := b.Load(); l != (fleet.Load{}) {
+			t.Errorf("backend %s still has load %+v", b.Name, l)
+		}
+	}
+}
+
+// post sends body to the proxy's path and returns the response with its
+// body read.
+func post(t testing.TB, url, path, body string, header ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	data, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, string(data)
+}

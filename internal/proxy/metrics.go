@@ -1,0 +1,115 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Label values for requests that never reached a backend.
+const noBackend = "none"
+
+// metrics are the proxy's Prometheus metrics, all named kvroute_*.
+type metrics struct {
+	requests  *prometheus.CounterVec   // backend, status, reason
+	ttft      *prometheus.HistogramVec // backend
+	e2e       *prometheus.HistogramVec // backend
+	predicted *prometheus.CounterVec   // backend
+	reported  *prometheus.CounterVec   // backend
+	prompt    *prometheus.CounterVec   // backend
+	decision  prometheus.Histogram
+	failures  *prometheus.CounterVec // backend, kind
+}
+
+// Buckets in seconds. TTFT runs from a cached short prompt (milliseconds) to
+// a long prefill behind a queue (tens of seconds); a request from
+// milliseconds to a long generation; a decision from microseconds up.
+var (
+	ttftBuckets     = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80}
+	e2eBuckets      = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640}
+	decisionBuckets = prometheus.ExponentialBuckets(1e-6, 4, 10) // 1 µs .. 262 ms
+)
+
+func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
+	backend := []string{"backend"}
+	counter := func(name, help string, labels []string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	}
+	hist := func(name, help string, buckets []float64) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, backend)
+	}
+	m := &metrics{
+		requests: counter("kvroute_requests_total",
+			`Requests answered, by backend ("none" if not routed), status ("499": the client went away) and routing reason.`,
+			[]string{"backend", "status", "reason"}),
+		ttft: hist("kvroute_ttft_seconds",
+			"Time from routing to the first content chunk (streams) or the first body byte, of successful requests.", ttftBuckets),
+		e2e: hist("kvroute_e2e_seconds",
+			"Time from routing to the end of the response, of successful requests.", e2eBuckets),
+		predicted: counter("kvroute_predicted_cached_tokens_total",
+			"Prompt tokens the policy expected the backend to have cached, over requests whose usage reported cached tokens.", backend),
+		reported: counter("kvroute_reported_cached_tokens_total",
+			"Cached prompt tokens the backends reported (usage.prompt_tokens_details.cached_tokens).", backend),
+		prompt: counter("kvroute_prompt_tokens_total",
+			"Prompt tokens the backends reported (usage.prompt_tokens).", backend),
+		decision: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "kvroute_decision_seconds", Help: "Time the routing policy spent picking a backend.",
+			Buckets: decisionBuckets,
+		}),
+		failures: counter("kvroute_backend_failures_total",
+			`Attempts that failed at the backend, by kind: "dial" (connection refused; retried elsewhere), "request" (failed before a response), "read" (broke off mid-response).`,
+			[]string{"backend", "kind"}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.ttft, m.e2e, m.predicted, m.reported,
+		m.prompt, m.decision, m.failures, newLoadCollector(f)} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				return nil, fmt.Errorf("proxy: metrics already registered (one Proxy per registry): %w", err)
+			}
+			return nil, fmt.Errorf("proxy: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// loadCollector exports the router's own in-flight accounting of every
+// backend, read at scrape time from Backend.Load.
+type loadCollector struct {
+	fleet                     Fleet
+	requests, prefill, decode *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*loadCollector)(nil)
+
+func newLoadCollector(f Fleet) *loadCollector {
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, []string{"backend"}, nil)
+	}
+	return &loadCollector{
+		fleet:    f,
+		requests: d("kvroute_inflight_requests", "Requests routed to the backend and not yet finished."),
+		prefill: d("kvroute_inflight_prefill_tokens",
+			"Uncached prompt tokens of the backend's requests that have not yet produced a first token."),
+		decode: d("kvroute_inflight_decode_tokens",
+			"Context tokens (prompt plus expected output) of the backend's requests in flight."),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *loadCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.requests
+	ch <- c.prefill
+	ch <- c.decode
+}
+
+// Collect implements prometheus.Collector.
+func (c *loadCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, b := range c.fleet.Backends() {
+		l := b.Load()
+		ch <- prometheus.MustNewConstMetric(c.requests, prometheus.GaugeValue, float64(l.Requests), b.Name)
+		ch <- prometheus.MustNewConstMetric(c.prefill, prometheus.GaugeValue, float64(l.PrefillTokens), b.Name)
+		ch <- prometheus.MustNewConstMetric(c.decode, prometheus.GaugeValue, float64(l.DecodeTokens), b.Name)
+	}
+}

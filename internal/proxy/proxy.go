@@ -1,0 +1,435 @@
+// Package proxy is the OpenAI-compatible HTTP front of `kvroute serve`.
+//
+// For each chat or completion request it reads the body once into the
+// router's request facts (model, session key, the prompt rendered
+// canonically, max tokens), asks the routing policy to pick one of the
+// healthy backends that serve the model, counts the request on that backend
+// at once, and forwards it. Responses stream back event by event; on the way
+// the proxy notes the first content chunk (the backend's prefill is done),
+// the usage the backend reports (how many prompt tokens it had cached) and
+// the end, releases the backend's load in the same place it counted it, and
+// reports the outcome to policies that learn. A backend that refuses the
+// connection is taken out of rotation and the request goes to another.
+//
+// Embeddings are routed by load alone; other /v1 endpoints go to the least
+// loaded healthy backend that serves the request's model.
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/router"
+)
+
+// Response headers that explain each routed request.
+const (
+	// HeaderBackend names the backend that served the request.
+	HeaderBackend = "X-Kvroute-Backend"
+	// HeaderRoute is the routing decision's reason ("prefix", "least-request", ...).
+	HeaderRoute = "X-Kvroute-Route"
+)
+
+// Defaults of Config.
+const (
+	// DefaultSessionHeader is the request header that carries a session key.
+	DefaultSessionHeader = "X-Session-ID"
+	// DefaultMaxBodyBytes bounds a request body: 32 MiB, room for a long
+	// context with images.
+	DefaultMaxBodyBytes = 32 << 20
+)
+
+// Fleet is what the proxy needs of the fleet of backends. Implementations
+// are safe for concurrent use and do not block: every method is called on
+// the request path.
+type Fleet interface {
+	// Candidates appends to dst the healthy backends that serve model, in
+	// fleet order, and returns the extended slice.
+	Candidates(dst []*fleet.Backend, model string) []*fleet.Backend
+	// Healthy appends to dst the healthy backends, in fleet order.
+	Healthy(dst []*fleet.Backend) []*fleet.Backend
+	// Models returns the models the backends serve.
+	Models() []string
+	// Ready reports whether the fleet can serve: discovery is done and some
+	// backend is healthy.
+	Ready() bool
+	// MarkFailed takes b out of rotation at once after a request to it
+	// failed with err (a passive health check).
+	MarkFailed(b *fleet.Backend, err error)
+	// Backends returns every backend, healthy or not, in fleet order.
+	Backends() []*fleet.Backend
+}
+
+// Config configures a Proxy. Fleet and Policy are required.
+type Config struct {
+	// Fleet is the set of backends.
+	Fleet Fleet
+	// Policy picks the backend of each chat and completion request. If it
+	// implements router.Learner it is told every such request's outcome.
+	Policy router.Policy
+	// SessionHeader is the request header that carries a session key; it
+	// takes precedence over the body's prompt_cache_key and user. Empty
+	// means DefaultSessionHeader.
+	SessionHeader string
+	// Transport carries requests to the backends. Nil means a transport
+	// tuned for many concurrent long streams to a few hosts (see
+	// NewTransport).
+	Transport http.RoundTripper
+	// Registerer receives the proxy's metrics. Nil means a registry of the
+	// proxy's own, served at /metrics with the Go and process collectors;
+	// with a Registerer of its own the caller serves the metrics.
+	Registerer prometheus.Registerer
+	// Logger receives the proxy's logs: a Debug line per request, warnings
+	// for backend failures. Nil means slog.Default().
+	Logger *slog.Logger
+	// Now is the clock that times decisions, TTFT and latency. Nil means
+	// time.Now.
+	Now func() time.Time
+	// Rand returns a uniform random int in [0, n); it breaks ties between
+	// equally loaded backends. It must be safe for concurrent use. Nil means
+	// math/rand/v2.IntN.
+	Rand func(n int) int
+	// MaxBodyBytes bounds a request body; larger ones get 413. Zero means
+	// DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+}
+
+// Proxy is the HTTP handler of the OpenAI API in front of the fleet. It is
+// safe for concurrent use.
+type Proxy struct {
+	fleet         Fleet
+	policy        router.Policy
+	learner       router.Learner // nil if the policy does not learn
+	sessionHeader string
+	transport     http.RoundTripper
+	log           *slog.Logger
+	now           func() time.Time
+	rand          func(int) int
+	maxBody       int64
+	metrics       *metrics
+	metricsPage   http.Handler // nil when the caller serves the metrics
+	created       int64        // Unix seconds, for /v1/models
+}
+
+var _ http.Handler = (*Proxy)(nil)
+
+// New returns a Proxy for cfg.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Fleet == nil {
+		return nil, errors.New("proxy: Config.Fleet is required")
+	}
+	if cfg.Policy == nil {
+		return nil, errors.New("proxy: Config.Policy is required")
+	}
+	if cfg.MaxBodyBytes < 0 {
+		return nil, errors.New("proxy: Config.MaxBodyBytes must not be negative")
+	}
+	p := &Proxy{
+		fleet:         cfg.Fleet,
+		policy:        cfg.Policy,
+		sessionHeader: cmp(cfg.SessionHeader, DefaultSessionHeader),
+		transport:     cfg.Transport,
+		log:           cfg.Logger,
+		now:           cfg.Now,
+		rand:          cfg.Rand,
+		maxBody:       cfg.MaxBodyBytes,
+	}
+	p.learner, _ = cfg.Policy.(router.Learner)
+	if p.transport == nil {
+		p.transport = NewTransport()
+	}
+	if p.log == nil {
+		p.log = slog.Default()
+	}
+	if p.now == nil {
+		p.now = time.Now
+	}
+	if p.rand == nil {
+		p.rand = rand.IntN
+	}
+	if p.maxBody == 0 {
+		p.maxBody = DefaultMaxBodyBytes
+	}
+	reg := cfg.Registerer
+	if reg == nil {
+		own := prometheus.NewRegistry()
+		own.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		p.metricsPage = promhttp.HandlerFor(own, promhttp.HandlerOpts{})
+		reg = own
+	}
+	var err error
+	if p.metrics, err = newMetrics(reg, cfg.Fleet); err != nil {
+		return nil, err
+	}
+	p.created = p.now().Unix()
+	return p, nil
+}
+
+func cmp(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// NewTransport returns the default transport to the backends: idle
+// connections kept for many concurrent streams to few hosts, a short dial
+// timeout (a refused or unroutable backend is retried elsewhere), no
+// response-header timeout (a non-streaming generation sends its headers
+// only when it is done), no proxy from the environment (backends are
+// internal) and no compression (the proxy reads usage from the bodies, and
+// LLM traffic is small next to its compute).
+func NewTransport() *http.Transport {
+	return &http.Transport{
+		DialContext: (&net.Dialer{
+			Timeout:   3 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		ForceAttemptHTTP2:   true,
+		MaxIdleConns:        0, // no limit overall; per host below
+		MaxIdleConnsPerHost: 1024,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: 10 * time.Second,
+		DisableCompression:  true,
+		ReadBufferSize:      32 << 10,
+		WriteBufferSize:     32 << 10,
+	}
+}
+
+// ServeHTTP routes r to its endpoint.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	switch path {
+	case "/v1/chat/completions":
+		if p.allow(w, r, http.MethodPost) {
+			p.serveGeneration(w, r, router.EndpointChat)
+		}
+	case "/v1/completions":
+		if p.allow(w, r, http.MethodPost) {
+			p.serveGeneration(w, r, router.EndpointCompletion)
+		}
+	case "/v1/embeddings":
+		if p.allow(w, r, http.MethodPost) {
+			p.serveByLoad(w, r, router.EndpointEmbedding)
+		}
+	case "/v1/models":
+		if p.allow(w, r, http.MethodGet, http.MethodHead) {
+			p.serveModels(w)
+		}
+	case "/healthz":
+		if p.allow(w, r, http.MethodGet, http.MethodHead) {
+			writeText(w, http.StatusOK, "ok\n")
+		}
+	case "/readyz":
+		if p.allow(w, r, http.MethodGet, http.MethodHead) {
+			if p.fleet.Ready() {
+				writeText(w, http.StatusOK, "ready\n")
+			} else {
+				writeError(w, unavailable("no backend is ready"))
+			}
+		}
+	case "/metrics":
+		if p.metricsPage == nil {
+			p.reject(w, notFound(r))
+		} else if p.allow(w, r, http.MethodGet, http.MethodHead) {
+			p.metricsPage.ServeHTTP(w, r)
+		}
+	default:
+		if strings.HasPrefix(path, "/v1/") {
+			p.serveByLoad(w, r, router.EndpointOther)
+		} else {
+			p.reject(w, notFound(r))
+		}
+	}
+}
+
+func notFound(r *http.Request) *apiError {
+	return &apiError{
+		status:  http.StatusNotFound,
+		message: "Invalid URL (" + r.Method + " " + r.URL.Path + ")",
+		typ:     typeInvalidRequest,
+		code:    codeUnknownURL,
+	}
+}
+
+// allow reports whether r's method is one of methods, answering 405 with an
+// Allow header if not.
+func (p *Proxy) allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
+	if slices.Contains(methods, r.Method) {
+		return true
+	}
+	allowed := strings.Join(methods, ", ")
+	w.Header().Set("Allow", allowed)
+	p.reject(w, &apiError{
+		status:  http.StatusMethodNotAllowed,
+		message: "Method " + r.Method + " is not allowed on " + r.URL.Path + "; use " + allowed,
+		typ:     typeInvalidRequest,
+		code:    codeMethodNotAllowed,
+	})
+	return false
+}
+
+// reject answers a request that goes to no backend with e, and counts it.
+func (p *Proxy) reject(w http.ResponseWriter, e *apiError) {
+	p.metrics.requests.WithLabelValues(noBackend, statusLabel(e.status), noBackend).Inc()
+	writeError(w, e)
+}
+
+func writeText(w http.ResponseWriter, status int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, body)
+}
+
+// serveModels answers GET /v1/models with the models the fleet serves.
+func (p *Proxy) serveModels(w http.ResponseWriter) {
+	models := slices.Clone(p.fleet.Models())
+	slices.Sort(models)
+	models = slices.Compact(models)
+	b := make([]byte, 0, 64+80*len(models))
+	b = append(b, `{"object":"list","data":[`...)
+	for i, m := range models {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		id, _ := json.Marshal(m) // a string: cannot fail
+		b = append(b, `{"id":`...)
+		b = append(b, id...)
+		b = append(b, `,"object":"model","created":`...)
+		b = strconv.AppendInt(b, p.created, 10)
+		b = append(b, `,"owned_by":"kvroute"}`...)
+	}
+	b = append(b, "]}\n"...)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+}
+
+// maxPrealloc bounds the buffer allocated for a request body before its
+// bytes arrive.
+const maxPrealloc = 1 << 20
+
+// readBody reads r's body, at most p.maxBody bytes.
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	if r.ContentLength > p.maxBody {
+		return nil, tooLarge(p.maxBody)
+	}
+	// Size the buffer by the declared length, but only up to a bound: a
+	// client that declares 32 MiB and sends nothing must not cost 32 MiB.
+	size := r.ContentLength
+	if size < 0 || size > maxPrealloc {
+		size = min(maxPrealloc, p.maxBody)
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, p.maxBody))
+	body := buf.Bytes()
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return nil, tooLarge(p.maxBody)
+		}
+		return nil, badRequest("", "could not read request body: %v", err)
+	}
+	return body, nil
+}
+
+// candidates returns the healthy backends that serve model, appended to dst,
+// or the error that explains why there are none: no backend serves the
+// model (404), or those that do are all down, or the fleet is not ready yet
+// (503).
+func (p *Proxy) candidates(dst []*fleet.Backend, model string) ([]*fleet.Backend, *apiError) {
+	cands := p.fleet.Candidates(dst, model)
+	if len(cands) > 0 {
+		return cands, nil
+	}
+	for _, b := range p.fleet.Backends() {
+		if b.Info().Serves(model) {
+			return nil, unavailable("no healthy backend serves the model `%s`", model)
+		}
+	}
+	if !p.fleet.Ready() {
+		return nil, unavailable("no backend is ready")
+	}
+	return nil, modelNotFound(model)
+}
+
+// serveGeneration serves a chat or completion request: parse, route by the
+// policy, forward.
+func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep router.Endpoint) {
+	body, e := p.readBody(w, r)
+	if e != nil {
+		p.reject(w, e)
+		return
+	}
+	g, e := parseGeneration(ep, body, r.Header.Get(p.sessionHeader))
+	if e != nil {
+		p.reject(w, e)
+		return
+	}
+	c := &call{ep: ep, req: &g.req, body: body}
+	if g.stream && !g.includeUsage {
+		// Ask for the usage chunk so that the router learns what the
+		// backend had cached; the client will not see it.
+		c.body, c.hideUsage = withIncludeUsage(body)
+	}
+	cands, e := p.candidates(nil, g.req.Model)
+	if e != nil {
+		p.reject(w, e)
+		return
+	}
+	p.forward(w, r, c, cands)
+}
+
+// serveByLoad serves embeddings and the other /v1 endpoints: routed to the
+// least loaded healthy backend that serves the body's model. Embeddings must
+// name a model; other endpoints fall back to any healthy backend.
+func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep router.Endpoint) {
+	body, e := p.readBody(w, r)
+	if e != nil {
+		p.reject(w, e)
+		return
+	}
+	var cands []*fleet.Backend
+	if ep == router.EndpointEmbedding {
+		obj, e := jsonObject(body)
+		if e != nil {
+			p.reject(w, e)
+			return
+		}
+		model, e := modelName(field(obj, "model"))
+		if e != nil {
+			p.reject(w, e)
+			return
+		}
+		if cands, e = p.candidates(nil, model); e != nil {
+			p.reject(w, e)
+			return
+		}
+	} else {
+		if model := bodyModel(body); model != "" {
+			cands = p.fleet.Candidates(nil, model)
+		}
+		if len(cands) == 0 {
+			cands = p.fleet.Healthy(nil)
+		}
+		if len(cands) == 0 {
+			p.reject(w, unavailable("no healthy backend"))
+			return
+		}
+	}
+	p.forward(w, r, &call{ep: ep, body: body}, cands)
+}

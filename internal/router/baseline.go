@@ -1,0 +1,177 @@
+package router
+
+import (
+	"hash/maphash"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/kvroute/kvroute/internal/fleet"
+)
+
+// Compile-time checks that the baselines are policies.
+var (
+	_ Policy = (*RoundRobin)(nil)
+	_ Policy = (*LeastRequest)(nil)
+	_ Policy = (*SessionHash)(nil)
+)
+
+// lockedRand is a seeded random source safe for concurrent use.
+type lockedRand struct {
+	mu sync.Mutex
+	r  *rand.Rand
+}
+
+func newRand(seed uint64) *lockedRand {
+	if seed == 0 {
+		seed = new(maphash.Hash).Sum64() // a random seed
+	}
+	return &lockedRand{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+}
+
+// IntN returns a uniform number in [0, n).
+func (l *lockedRand) IntN(n int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.IntN(n)
+}
+
+// RoundRobin sends requests to the candidates in turn: what a classic L7
+// balancer does by default.
+type RoundRobin struct {
+	next atomic.Uint64
+}
+
+// Name implements Policy.
+func (*RoundRobin) Name() string { return "round-robin" }
+
+// Pick implements Policy.
+func (p *RoundRobin) Pick(_ *Request, cands []*fleet.Backend) (Decision, error) {
+	if len(cands) == 0 {
+		return Decision{}, ErrNoBackend
+	}
+	i := (p.next.Add(1) - 1) % uint64(len(cands))
+	return Decision{Backend: cands[i], Reason: "round-robin"}, nil
+}
+
+// LeastRequest sends each request to the candidate with the fewest requests
+// in flight (counted by the router the moment it routes), breaking ties at
+// random so that an idle fleet does not send everything to its first backend.
+type LeastRequest struct {
+	rand *lockedRand
+}
+
+// NewLeastRequest returns the policy; seed 0 picks a random seed.
+func NewLeastRequest(seed uint64) *LeastRequest { return &LeastRequest{rand: newRand(seed)} }
+
+// Name implements Policy.
+func (*LeastRequest) Name() string { return "least-request" }
+
+// Pick implements Policy.
+func (p *LeastRequest) Pick(_ *Request, cands []*fleet.Backend) (Decision, error) {
+	b := leastLoaded(cands, p.rand)
+	if b == nil {
+		return Decision{}, ErrNoBackend
+	}
+	return Decision{Backend: b, Reason: "least-request"}, nil
+}
+
+// leastLoaded returns a uniformly random one of the candidates with the
+// fewest requests in flight, or nil if there are none.
+func leastLoaded(cands []*fleet.Backend, r *lockedRand) *fleet.Backend {
+	var best *fleet.Backend
+	bestLoad, ties := int64(0), 0
+	for _, b := range cands {
+		n := b.Load().Requests
+		switch {
+		case best == nil || n < bestLoad:
+			best, bestLoad, ties = b, n, 1
+		case n == bestLoad:
+			// Reservoir sampling: each of the tied candidates is kept with
+			// equal probability.
+			ties++
+			if r.IntN(ties) == 0 {
+				best = b
+			}
+		}
+	}
+	return best
+}
+
+// SessionHash maps each session key onto a consistent-hash ring of the
+// backends, the way nginx's `hash $key consistent` (ketama) and HAProxy's
+// `balance hdr()` with consistent hashing do: a session stays on one backend,
+// and when backends come or go only the sessions of those move. Requests
+// without a session key go to a random candidate.
+type SessionHash struct {
+	rand *lockedRand
+	// The ring over every backend of the fleet, built once: points sorted by
+	// hash, each naming a backend index.
+	points []uint64
+	owners []int
+}
+
+// ringPoints is the number of points per backend, as in ketama (160).
+const ringPoints = 160
+
+// NewSessionHash builds the ring over backends; seed 0 picks a random seed
+// for requests without a key.
+func NewSessionHash(backends []*fleet.Backend, seed uint64) *SessionHash {
+	p := &SessionHash{rand: newRand(seed)}
+	type point struct {
+		h     uint64
+		owner int
+	}
+	pts := make([]point, 0, len(backends)*ringPoints)
+	for _, b := range backends {
+		for i := range ringPoints {
+			pts = append(pts, point{xxhash.Sum64String(b.Name + "-" + strconv.Itoa(i)), b.Index})
+		}
+	}
+	sort.Slice(pts, func(i, j int) bool { return pts[i].h < pts[j].h })
+	for _, pt := range pts {
+		p.points = append(p.points, pt.h)
+		p.owners = append(p.owners, pt.owner)
+	}
+	return p
+}
+
+// Name implements Policy.
+func (*SessionHash) Name() string { return "session-hash" }
+
+// Pick implements Policy.
+func (p *SessionHash) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
+	if len(cands) == 0 {
+		return Decision{}, ErrNoBackend
+	}
+	if req.SessionKey == "" {
+		return Decision{Backend: cands[p.rand.IntN(len(cands))], Reason: "random"}, nil
+	}
+	if b := p.owner(xxhash.Sum64String(req.SessionKey), cands); b != nil {
+		return Decision{Backend: b, Reason: "hash"}, nil
+	}
+	return Decision{}, ErrNoBackend
+}
+
+// owner walks the ring clockwise from h to the first point whose backend is
+// a candidate.
+func (p *SessionHash) owner(h uint64, cands []*fleet.Backend) *fleet.Backend {
+	if len(p.points) == 0 {
+		return nil
+	}
+	start := sort.Search(len(p.points), func(i int) bool { return p.points[i] >= h })
+	for k := range p.points {
+		owner := p.owners[(start+k)%len(p.points)]
+		// Candidates are few relative to ring points and in fleet order;
+		// a linear scan beats building a set on every pick.
+		for _, b := range cands {
+			if b.Index == owner {
+				return b
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,331 @@
+package router
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/prefix"
+)
+
+var (
+	_ Policy  = (*KVRoute)(nil)
+	_ Learner = (*KVRoute)(nil)
+)
+
+// KVRoute is kvroute's own policy. For every candidate it predicts the
+// request's time to first token there,
+//
+//	TTFT(b) = overhead(b) + (queued prefill tokens on b + the request's uncached tokens on b) / prefill rate(b),
+//
+// where the queued prefill is the router's own exact count of routed work not
+// yet past its first token, the uncached tokens come from the prefix index,
+// and overhead and rate are learned per backend from observed TTFTs (pooled
+// over the fleet until a backend has its own samples). To that it adds the
+// uncached prefill once more, times MissPenalty: the price the rest of the
+// fleet pays for a recomputed prefix. It picks the lowest cost, at random
+// among near-ties (within 10 % or 5 ms), preferring the session's backend. A conversation or a hot
+// prefix therefore stays where its cache is until the queue there costs more
+// than prefilling elsewhere; then it spills to the next cheapest backend, and
+// the index remembers both, so the prefix spreads to as few backends as the
+// load needs. No backend may take more than LoadFactor times the mean
+// in-flight requests (plus one).
+type KVRoute struct {
+	cfg   KVRouteConfig
+	rand  *lockedRand
+	index *prefix.Index
+
+	mu       sync.Mutex
+	pooled   speed   // learned from every backend: the prior of each
+	speeds   []speed // by backend index
+	capacity []int   // index capacity in blocks last derived from Info, by backend index
+	ratio    float64 // learned prompt bytes per token
+	sessions map[string]int
+
+	scratch sync.Pool // *pickScratch
+}
+
+// KVRouteConfig tunes the kvroute policy. Zero values take the defaults.
+type KVRouteConfig struct {
+	// BlockBytes is the prefix index's block size in bytes of prompt text
+	// (default prefix.DefaultBlockBytes).
+	BlockBytes int
+	// LoadFactor bounds every backend's in-flight requests to LoadFactor ×
+	// the mean + 1 (default 2).
+	LoadFactor float64
+	// DefaultKVTokens is the KV capacity assumed for a backend that does not
+	// report one (default 400,000 tokens: Llama-3.1-8B on an H100).
+	DefaultKVTokens int
+	// MissPenalty weighs the prefill a request would cause on a backend
+	// without its prefix, on top of the wait it adds to the request itself:
+	// recomputing a cached prefix also delays everyone queued behind it and
+	// spends cache space on a second copy. Default 1; negative means 0.
+	MissPenalty float64
+	// Seed seeds the tie-breaks; 0 picks a random seed.
+	Seed uint64
+}
+
+func (c KVRouteConfig) withDefaults() KVRouteConfig {
+	if c.BlockBytes <= 0 {
+		c.BlockBytes = prefix.DefaultBlockBytes
+	}
+	if c.LoadFactor <= 0 {
+		c.LoadFactor = 2
+	}
+	if c.DefaultKVTokens <= 0 {
+		c.DefaultKVTokens = 400_000
+	}
+	switch {
+	case c.MissPenalty == 0:
+		c.MissPenalty = 1
+	case c.MissPenalty < 0:
+		c.MissPenalty = 0
+	}
+	return c
+}
+
+// Priors used until a backend has been observed: an H100 running an 8B
+// model prefills about 30k tokens/s, and a step costs tens of milliseconds.
+const (
+	priorRate      = 30_000.0 // tokens/s
+	priorOverhead  = 0.02     // s
+	defaultRatio   = 4.0      // bytes of prompt text per token
+	maxSessions    = 1 << 17
+	tieTolerance   = 0.1   // relative: learned speeds carry noise of this order
+	tieFloor       = 0.005 // s
+	speedHalfLife  = 200.0 // observations
+	ownSamples     = 16    // observations before a backend's own fit replaces the pooled one
+	capacityShrink = 0.9
+)
+
+// NewKVRoute returns the policy for a fleet of backends (their Index fields
+// number them 0..len-1).
+func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
+	cfg = cfg.withDefaults()
+	n := 0
+	for _, b := range backends {
+		n = max(n, b.Index+1)
+	}
+	p := &KVRoute{
+		cfg:      cfg,
+		rand:     newRand(cfg.Seed),
+		speeds:   make([]speed, n),
+		capacity: make([]int, n),
+		ratio:    defaultRatio,
+		sessions: make(map[string]int),
+	}
+	p.index = prefix.New(n, p.blocksFor(cfg.DefaultKVTokens))
+	p.pooled = newSpeed()
+	for i := range p.speeds {
+		p.speeds[i] = newSpeed()
+	}
+	p.scratch.New = func() any { return &pickScratch{matched: make([]int, n)} }
+	return p
+}
+
+// Name implements Policy.
+func (*KVRoute) Name() string { return "kvroute" }
+
+type pickScratch struct {
+	hashes  []uint64
+	matched []int
+}
+
+// blocksFor converts a KV capacity in tokens into index blocks.
+func (p *KVRoute) blocksFor(tokens int) int {
+	return max(1, int(float64(tokens)*p.ratio/float64(p.cfg.BlockBytes)))
+}
+
+// Pick implements Policy.
+func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
+	if len(cands) == 0 {
+		return Decision{}, ErrNoBackend
+	}
+	s := p.scratch.Get().(*pickScratch)
+	defer p.scratch.Put(s)
+	s.hashes = prefix.Hash(s.hashes[:0], req.Prompt, p.cfg.BlockBytes)
+	longest := p.index.Match(s.hashes, s.matched)
+
+	var total int64
+	loads := make([]fleet.Load, len(cands))
+	for i, b := range cands {
+		loads[i] = b.Load()
+		total += loads[i].Requests
+	}
+	bound := p.cfg.LoadFactor*float64(total+1)/float64(len(cands)) + 1
+
+	p.mu.Lock()
+	ratio := p.ratio
+	session, hasSession := p.sessions[req.SessionKey]
+	hasSession = hasSession && req.SessionKey != ""
+	promptTokens := int(math.Ceil(float64(len(req.Prompt)) / ratio))
+	scores := make([]Score, len(cands))
+	best := -1
+	for i, b := range cands {
+		cached := min(promptTokens, int(float64(s.matched[b.Index]*p.cfg.BlockBytes)/ratio))
+		sp := &p.pooled
+		if p.speeds[b.Index].n >= ownSamples {
+			sp = &p.speeds[b.Index]
+		}
+		miss := float64(promptTokens - cached)
+		ttft := sp.predict(float64(loads[i].PrefillTokens) + miss)
+		cost := ttft + p.cfg.MissPenalty*miss/sp.rate
+		if float64(loads[i].Requests+1) > bound {
+			cost = math.Inf(1) // over the load bound: only if all are
+		}
+		scores[i] = Score{Backend: b.Name, Cost: cost, TTFT: seconds(ttft), Cached: cached}
+		if best < 0 || cost < scores[best].Cost {
+			best = i
+		}
+	}
+	p.mu.Unlock()
+	if math.IsInf(scores[best].Cost, 1) {
+		// Every backend is over the bound (cannot happen with the +1 slack
+		// unless the fleet is tiny): fall back to the least loaded.
+		b := leastLoaded(cands, p.rand)
+		for i := range cands {
+			if cands[i] == b {
+				best = i
+			}
+		}
+	} else {
+		best = p.breakTie(scores, cands, best, session, hasSession)
+	}
+
+	chosen := cands[best]
+	d := Decision{
+		Backend:       chosen,
+		PromptTokens:  promptTokens,
+		PrefixTokens:  scores[best].Cached,
+		OutputTokens:  req.MaxTokens,
+		QueuedTokens:  int(loads[best].PrefillTokens),
+		PredictedTTFT: scores[best].TTFT,
+		Scores:        scores,
+	}
+	switch {
+	case longest > 0 && s.matched[chosen.Index] == longest:
+		d.Reason = "prefix"
+	case longest > 0:
+		d.Reason = "spill"
+	case hasSession && chosen.Index == session:
+		d.Reason = "session"
+	default:
+		d.Reason = "least-cost"
+	}
+	p.index.Insert(chosen.Index, s.hashes)
+	if req.SessionKey != "" {
+		p.mu.Lock()
+		if len(p.sessions) >= maxSessions {
+			clear(p.sessions) // forget old sessions wholesale; the index still knows their prompts
+		}
+		p.sessions[req.SessionKey] = chosen.Index
+		p.mu.Unlock()
+	}
+	return d, nil
+}
+
+// breakTie returns a random candidate among those whose cost is within the
+// tolerance of the best, preferring the session's backend when it is one.
+func (p *KVRoute) breakTie(scores []Score, cands []*fleet.Backend, best, session int, hasSession bool) int {
+	limit := scores[best].Cost + math.Max(scores[best].Cost*tieTolerance, tieFloor)
+	ties, pick := 0, best
+	for i := range scores {
+		if scores[i].Cost > limit {
+			continue
+		}
+		if hasSession && cands[i].Index == session {
+			return i
+		}
+		ties++
+		if p.rand.IntN(ties) == 0 {
+			pick = i
+		}
+	}
+	return pick
+}
+
+// Observe implements Learner: it learns prompt bytes per token, each
+// backend's prefill rate and overhead, and corrects the index's capacity
+// for a backend whose cache held less than predicted.
+func (p *KVRoute) Observe(o Outcome) {
+	b := o.Decision.Backend
+	if b == nil || o.Status != 200 || o.PromptTokens <= 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(o.Request.Prompt) > 0 {
+		r := float64(len(o.Request.Prompt)) / float64(o.PromptTokens)
+		p.ratio += (r - p.ratio) / 64
+	}
+	if o.CachedTokens >= 0 && o.TTFT > 0 {
+		work := float64(o.Decision.QueuedTokens + o.PromptTokens - o.CachedTokens)
+		p.speeds[b.Index].observe(work, o.TTFT.Seconds())
+		p.pooled.observe(work, o.TTFT.Seconds())
+	}
+	// Capacity: the KV the backend reports, in blocks of prompt text; shrunk
+	// when the backend had evicted what the index still believed cached (it
+	// serves other traffic, or its cache is smaller than it says), regrown
+	// slowly when predictions hold.
+	full := p.blocksFor(p.cfg.DefaultKVTokens)
+	if info := b.Info(); info != nil && info.KVTokens() > 0 {
+		full = p.blocksFor(info.KVTokens())
+	}
+	c := p.capacity[b.Index]
+	if c == 0 || c > full {
+		c = full
+	}
+	blockTokens := int(float64(p.cfg.BlockBytes) / p.ratio)
+	switch {
+	case o.CachedTokens < 0:
+	case o.CachedTokens+blockTokens < o.Decision.PrefixTokens:
+		c = max(1, int(float64(c)*capacityShrink))
+	case c < full:
+		c = min(full, c+max(1, full/256))
+	}
+	if c != p.capacity[b.Index] {
+		p.capacity[b.Index] = c
+		p.index.SetCapacity(b.Index, c)
+	}
+}
+
+// speed is a backend's learned prefill model, TTFT = overhead + work/rate:
+// an exponentially weighted least-squares fit of observed TTFTs against the
+// prefill work they waited for.
+type speed struct {
+	n, sw, st, sww, swt float64 // decayed sums
+	overhead, rate      float64
+}
+
+func newSpeed() speed { return speed{overhead: priorOverhead, rate: priorRate} }
+
+// predict returns the TTFT in seconds for work tokens of prefill.
+func (s speed) predict(work float64) float64 { return s.overhead + work/s.rate }
+
+func (s *speed) observe(work, ttft float64) {
+	decay := 1 - 1/speedHalfLife
+	s.n = s.n*decay + 1
+	s.sw = s.sw*decay + work
+	s.st = s.st*decay + ttft
+	s.sww = s.sww*decay + work*work
+	s.swt = s.swt*decay + work*ttft
+	mw, mt := s.sw/s.n, s.st/s.n
+	varW := s.sww/s.n - mw*mw
+	covWT := s.swt/s.n - mw*mt
+	// The fit needs spread in the work; until then, keep the overhead and
+	// attribute the rest of the mean TTFT to the mean work.
+	if s.n >= 8 && varW > 1e-9*mw*mw+1 && covWT > 0 {
+		slope := covWT / varW
+		s.rate = clamp(1/slope, 100, 1e7)
+		s.overhead = clamp(mt-mw/s.rate, 0, 10)
+		return
+	}
+	if mt > s.overhead && mw > 0 {
+		s.rate = clamp(mw/(mt-s.overhead), 100, 1e7)
+	}
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+func clamp(x, lo, hi float64) float64 { return math.Max(lo, math.Min(hi, x)) }

@@ -1,0 +1,115 @@
+// Package router decides which backend serves a request. A policy is a small
+// struct behind the Policy interface; the proxy asks it to pick among the
+// healthy backends that serve the request's model, counts the request on the
+// chosen backend, and reports the outcome back to policies that learn.
+package router
+
+import (
+	"errors"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+)
+
+// ErrNoBackend means no backend can take the request; the proxy answers 503.
+var ErrNoBackend = errors.New("no backend available")
+
+// Endpoint is the kind of API call being routed.
+type Endpoint uint8
+
+// The endpoints. Generation endpoints are routed by cache and load;
+// embeddings by load only; others to any backend serving the model.
+const (
+	EndpointChat Endpoint = iota
+	EndpointCompletion
+	EndpointEmbedding
+	EndpointOther
+)
+
+// Request is what the router knows about one request: the facts the proxy
+// extracted from it.
+type Request struct {
+	// Endpoint is the API being called.
+	Endpoint Endpoint
+	// Model is the requested model id.
+	Model string
+	// SessionKey groups the turns of one conversation (X-Session-ID, else
+	// prompt_cache_key, else user); empty when the client gave none.
+	SessionKey string
+	// Prompt is the prompt rendered canonically: for chat, the role and
+	// content of every message in order; for completions, the prompt text.
+	// Equal conversation prefixes give equal Prompt prefixes.
+	Prompt string
+	// MaxTokens is the requested output length; 0 when not given.
+	MaxTokens int
+}
+
+// Decision is a policy's choice and its explanation.
+type Decision struct {
+	// Backend is the chosen backend.
+	Backend *fleet.Backend
+	// Reason says why, in a word: "prefix", "session", "least-cost",
+	// "spill", "round-robin", "least-request", "hash", ...
+	Reason string
+	// PromptTokens is the policy's estimate of the prompt's length in tokens.
+	PromptTokens int
+	// PrefixTokens is how many of them the policy expects the backend to have
+	// cached.
+	PrefixTokens int
+	// OutputTokens is the expected output length in tokens.
+	OutputTokens int
+	// QueuedTokens is the prefill work already queued on the backend when
+	// the request was routed, in tokens (the router's own count).
+	QueuedTokens int
+	// PredictedTTFT is the policy's predicted time to first token; 0 for
+	// policies that do not predict.
+	PredictedTTFT time.Duration
+	// Scores explains the choice, one entry per candidate; nil for policies
+	// that do not score.
+	Scores []Score
+}
+
+// Score is one candidate's evaluation by a scoring policy.
+type Score struct {
+	// Backend is the candidate's name.
+	Backend string
+	// Cost is the policy's cost; lower is better (for kvroute: seconds).
+	Cost float64
+	// TTFT is the predicted time to first token there; 0 if not predicted.
+	TTFT time.Duration
+	// Cached is the predicted cached prompt tokens there.
+	Cached int
+}
+
+// Policy picks a backend for a request. Implementations are safe for
+// concurrent use and must not block.
+type Policy interface {
+	// Name is the policy's --policy value.
+	Name() string
+	// Pick chooses one of cands: healthy backends that serve req.Model,
+	// never empty, in fleet order.
+	Pick(req *Request, cands []*fleet.Backend) (Decision, error)
+}
+
+// Outcome is what happened to a routed request, as the proxy saw it.
+type Outcome struct {
+	Request  *Request
+	Decision Decision
+	// Status is the backend's HTTP status; 0 if it never answered.
+	Status int
+	// PromptTokens, CachedTokens and CompletionTokens come from the
+	// response's usage; -1 when it had none.
+	PromptTokens, CachedTokens, CompletionTokens int
+	// TTFT is the time from routing to the first byte of the response body
+	// (of the first token, when streaming); Latency to its end.
+	TTFT, Latency time.Duration
+	// Tokens is the number of streamed chunks carrying content (0 when not
+	// streaming).
+	Tokens int
+}
+
+// Learner is implemented by policies that learn from outcomes. Observe is
+// called once per routed request, after it ended; it must not block.
+type Learner interface {
+	Observe(o Outcome)
+}

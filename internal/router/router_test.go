@@ -1,0 +1,254 @@
+package router
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+)
+
+func backends(n int) []*fleet.Backend {
+	bs := make([]*fleet.Backend, n)
+	for i := range bs {
+		u, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", 8001+i))
+		bs[i] = fleet.NewBackend(i, fmt.Sprintf("b%d", i), u)
+		bs[i].SetInfo(&fleet.Info{Models: []string{"m"}, BlockSize: 16, KVBlocks: 25_000})
+	}
+	return bs
+}
+
+// words returns n bytes of deterministic text for seed.
+func words(seed, n int) string {
+	var sb strings.Builder
+	for i := 0; sb.Len() < n; i++ {
+		fmt.Fprintf(&sb, "w%d_%d ", seed, i)
+	}
+	return sb.String()[:n]
+}
+
+func pick(t *testing.T, p Policy, req *Request, cands []*fleet.Backend) Decision {
+	t.Helper()
+	d, err := p.Pick(req, cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestRoundRobinCycles(t *testing.T) {
+	bs := backends(3)
+	p := &RoundRobin{}
+	var got []string
+	for range 6 {
+		got = append(got, pick(t, p, &Request{}, bs).Backend.Name)
+	}
+	if want := "b0 b1 b2 b0 b1 b2"; strings.Join(got, " ") != want {
+		t.Errorf("got %v, want %s", got, want)
+	}
+	if _, err := p.Pick(&Request{}, nil); err != ErrNoBackend {
+		t.Errorf("no candidates: err = %v, want ErrNoBackend", err)
+	}
+}
+
+func TestLeastRequestPicksFewestAndBreaksTiesRandomly(t *testing.T) {
+	bs := backends(4)
+	p := NewLeastRequest(1)
+	f := []*fleet.Flight{bs[0].Start(1, 1), bs[1].Start(1, 1), bs[3].Start(1, 1)}
+	for range 10 {
+		if d := pick(t, p, &Request{}, bs); d.Backend != bs[2] {
+			t.Fatalf("picked %s, want the idle b2", d.Backend.Name)
+		}
+	}
+	for _, x := range f {
+		x.Done()
+	}
+	seen := map[string]int{}
+	for range 400 {
+		seen[pick(t, p, &Request{}, bs).Backend.Name]++
+	}
+	for _, b := range bs {
+		if seen[b.Name] < 60 {
+			t.Errorf("idle fleet: %s got %d of 400 picks; ties must break at random", b.Name, seen[b.Name])
+		}
+	}
+}
+
+func TestSessionHashIsStickyAndConsistent(t *testing.T) {
+	bs := backends(5)
+	p := NewSessionHash(bs, 1)
+	owner := map[string]*fleet.Backend{}
+	for i := range 500 {
+		key := fmt.Sprintf("session-%d", i)
+		d := pick(t, p, &Request{SessionKey: key}, bs)
+		if again := pick(t, p, &Request{SessionKey: key}, bs); again.Backend != d.Backend {
+			t.Fatalf("%s moved from %s to %s", key, d.Backend.Name, again.Backend.Name)
+		}
+		owner[key] = d.Backend
+	}
+	// Without b2 only b2's sessions move.
+	without := append(append([]*fleet.Backend{}, bs[:2]...), bs[3:]...)
+	moved := 0
+	for key, b := range owner {
+		d := pick(t, p, &Request{SessionKey: key}, without)
+		if b != bs[2] && d.Backend != b {
+			t.Fatalf("%s moved off %s although only b2 left", key, b.Name)
+		}
+		if b == bs[2] {
+			moved++
+		}
+	}
+	if moved < 50 || moved > 150 {
+		t.Errorf("b2 owned %d of 500 sessions, want about 100", moved)
+	}
+}
+
+func TestKVRouteKeepsConversationOnItsBackend(t *testing.T) {
+	bs := backends(4)
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	system := words(0, 2000)
+	for conv := range 20 {
+		turn1 := system + words(conv+1, 3000)
+		d1 := pick(t, p, &Request{Prompt: turn1}, bs)
+		f := d1.Backend.Start(d1.PromptTokens-d1.PrefixTokens, d1.PromptTokens)
+		f.Done()
+		turn2 := turn1 + words(100+conv, 600)
+		d2 := pick(t, p, &Request{Prompt: turn2}, bs)
+		if d2.Backend != d1.Backend || d2.Reason != "prefix" {
+			t.Fatalf("conversation %d: turn 1 on %s, turn 2 on %s (%s)", conv, d1.Backend.Name, d2.Backend.Name, d2.Reason)
+		}
+		if d2.PrefixTokens < len(turn1)/4-64 {
+			t.Errorf("conversation %d: predicted %d cached tokens of turn 1's %d", conv, d2.PrefixTokens, len(turn1)/4)
+		}
+	}
+}
+
+func TestKVRouteSpreadsHotPrefixWhenItsBackendSaturates(t *testing.T) {
+	bs := backends(4)
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	system := words(0, 16_000) // 4k tokens shared by everyone
+	var flights []*fleet.Flight
+	used := map[string]int{}
+	reasons := map[string]int{}
+	// 120 requests arrive together and none finishes: the first backend's
+	// queue grows until prefilling the prefix elsewhere (and paying the miss
+	// penalty) is cheaper.
+	for i := range 120 {
+		d := pick(t, p, &Request{Prompt: system + words(i+1, 400)}, bs)
+		flights = append(flights, d.Backend.Start(d.PromptTokens-d.PrefixTokens, d.PromptTokens))
+		used[d.Backend.Name]++
+		reasons[d.Reason]++
+	}
+	t.Logf("used %v, reasons %v", used, reasons)
+	if len(used) != 4 {
+		t.Errorf("a saturated hot prefix used %d backends: %v", len(used), used)
+	}
+	for name, n := range used {
+		if n > 45 {
+			t.Errorf("%s took %d of 120: hot spot", name, n)
+		}
+	}
+	// Most requests still reuse the prefix somewhere: only the first request
+	// on each backend pays for it.
+	if reasons["prefix"] < 110 {
+		t.Errorf("reasons %v: want at least 110 prefix hits", reasons)
+	}
+	for _, f := range flights {
+		f.Done()
+	}
+}
+
+func TestKVRouteTiesBreakRandomly(t *testing.T) {
+	bs := backends(4)
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	seen := map[string]int{}
+	for i := range 400 {
+		seen[pick(t, p, &Request{Prompt: words(i, 100)}, bs).Backend.Name]++
+	}
+	for _, b := range bs {
+		if seen[b.Name] < 60 {
+			t.Errorf("%s got %d of 400 unrelated short prompts: %v", b.Name, seen[b.Name], seen)
+		}
+	}
+}
+
+func TestKVRouteRespectsLoadBound(t *testing.T) {
+	bs := backends(4)
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, LoadFactor: 1.5})
+	prompt := words(0, 40_000)
+	var flights []*fleet.Flight
+	for range 40 {
+		// The same long prompt every time: the cache pulls to one backend,
+		// but its queue is fixed at zero (prefill released at once), so only
+		// the bound can move requests elsewhere.
+		d := pick(t, p, &Request{Prompt: prompt}, bs)
+		f := d.Backend.Start(d.PromptTokens-d.PrefixTokens, d.PromptTokens)
+		f.FirstToken()
+		flights = append(flights, f)
+		var total int64
+		for _, b := range bs {
+			total += b.Load().Requests
+		}
+		for _, b := range bs {
+			if n := b.Load().Requests; float64(n) > 1.5*float64(total)/4+1 {
+				t.Fatalf("%s has %d of %d in flight: over 1.5 × mean + 1", b.Name, n, total)
+			}
+		}
+	}
+	for _, f := range flights {
+		f.Done()
+	}
+}
+
+func TestKVRouteLearnsPrefillSpeed(t *testing.T) {
+	bs := backends(2)
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	// Backend 1 is three times slower: 10k tokens/s against 30k, with 50 ms
+	// of overhead on both.
+	rates := []float64{30_000, 10_000}
+	for i := range 200 {
+		for _, b := range bs {
+			work := float64(500 + (i*997)%8000)
+			ttft := 0.05 + work/rates[b.Index]
+			prompt := words(i, 4*int(work))
+			p.Observe(Outcome{
+				Request:  &Request{Prompt: prompt},
+				Decision: Decision{Backend: b},
+				Status:   200, PromptTokens: int(work), CachedTokens: 0,
+				TTFT: time.Duration(ttft * float64(time.Second)),
+			})
+		}
+	}
+	for _, b := range bs {
+		sp := p.speeds[b.Index]
+		if r := sp.rate / rates[b.Index]; r < 0.95 || r > 1.05 {
+			t.Errorf("%s: learned rate %.0f, want %.0f", b.Name, sp.rate, rates[b.Index])
+		}
+		if sp.overhead < 0.045 || sp.overhead > 0.055 {
+			t.Errorf("%s: learned overhead %.3f s, want 0.05", b.Name, sp.overhead)
+		}
+	}
+	// With equal, empty queues a fresh 4k-token prompt goes to the fast one.
+	for i := range 20 {
+		if d := pick(t, p, &Request{Prompt: words(1000+i, 16_000)}, bs); d.Backend != bs[0] {
+			t.Fatalf("picked the slow backend for a long prompt")
+		}
+	}
+}
+
+func TestKVRouteShrinksIndexOnMissedPrediction(t *testing.T) {
+	bs := backends(1)
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	prompt := words(0, 8000)
+	d := pick(t, p, &Request{Prompt: prompt}, bs)
+	d = pick(t, p, &Request{Prompt: prompt}, bs)
+	full := p.index.Capacity(0)
+	// The backend reports no cached tokens where 2,000 were predicted.
+	p.Observe(Outcome{Request: &Request{Prompt: prompt}, Decision: d, Status: 200,
+		PromptTokens: 2000, CachedTokens: 0, TTFT: 100 * time.Millisecond})
+	if got := p.index.Capacity(0); got >= full {
+		t.Errorf("capacity %d after a missed prediction, want below %d", got, full)
+	}
+}

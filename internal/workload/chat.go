@@ -1,0 +1,135 @@
+package workload
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"time"
+)
+
+// Turn is one user message of a conversation.
+type Turn struct {
+	// Think is the pause before the turn is sent, after the previous reply
+	// (or the session's start).
+	Think time.Duration
+	// User is the message text.
+	User string
+	// MaxTokens is the requested output length.
+	MaxTokens int
+	// Heavy marks a turn carrying a long document.
+	Heavy bool
+}
+
+// Session is one user's conversation: a system prompt and turns sent one
+// after another, each with every earlier message and reply before it.
+type Session struct {
+	// ID is the session key the client sends (X-Session-ID).
+	ID string
+	// Start is when the first turn may be sent, from the start of the run.
+	Start time.Duration
+	// System is the system prompt, shared with other sessions of its group.
+	System string
+	// Turns are the user's messages in order.
+	Turns []Turn
+}
+
+// ChatConfig shapes a multi-turn chat workload. Lengths are in bytes of
+// text (about four per token); times are in model time.
+type ChatConfig struct {
+	// Sessions is the number of conversations.
+	Sessions int
+	// Span is the window over which sessions start (uniformly).
+	Span time.Duration
+	// Turns is the number of turns per conversation.
+	Turns int
+	// SystemPrompts is the number of distinct shared system prompts; each
+	// session draws one (Zipf-like: the first is the most popular).
+	SystemPrompts int
+	// SystemBytes is the length of each system prompt.
+	SystemBytes int
+	// UserBytes is the typical length of a light user message.
+	UserBytes int
+	// HeavyFraction of turns carry a document of DocumentBytes.
+	HeavyFraction float64
+	// DocumentBytes is the length of a heavy turn's document.
+	DocumentBytes int
+	// LightTokens and HeavyTokens are the output lengths of light and heavy
+	// turns.
+	LightTokens, HeavyTokens int
+	// Think is the mean pause between a reply and the next turn
+	// (exponentially distributed).
+	Think time.Duration
+}
+
+// DemoChat is the workload of `kvroute demo`: chats under four shared system
+// prompts, mostly short questions and answers, with one turn in ten carrying
+// a long document to summarise.
+func DemoChat() ChatConfig {
+	return ChatConfig{
+		Sessions:      200,
+		Span:          3 * time.Minute,
+		Turns:         6,
+		SystemPrompts: 4,
+		SystemBytes:   8_000,
+		UserBytes:     300,
+		HeavyFraction: 0.1,
+		DocumentBytes: 48_000,
+		LightTokens:   80,
+		HeavyTokens:   250,
+		Think:         15 * time.Second,
+	}
+}
+
+// Chat generates the sessions of cfg, deterministically for seed, sorted by
+// start time.
+func Chat(cfg ChatConfig, seed uint64) []Session {
+	rng := rand.New(rand.NewPCG(seed, 0x636861742d776c))
+	systems := make([]string, max(cfg.SystemPrompts, 1))
+	for i := range systems {
+		systems[i] = fmt.Sprintf("You are assistant %d. ", i) + Text(rng, cfg.SystemBytes)
+	}
+	// Popularity of system prompt k is proportional to 1/(k+1).
+	weights := make([]float64, len(systems))
+	var sum float64
+	for k := range weights {
+		weights[k] = 1 / float64(k+1)
+		sum += weights[k]
+	}
+	drawSystem := func() string {
+		x := rng.Float64() * sum
+		for k, w := range weights {
+			if x < w {
+				return systems[k]
+			}
+			x -= w
+		}
+		return systems[len(systems)-1]
+	}
+	sessions := make([]Session, cfg.Sessions)
+	for i := range sessions {
+		s := Session{
+			ID:     fmt.Sprintf("session-%04d", i),
+			Start:  time.Duration(rng.Float64() * float64(cfg.Span)),
+			System: drawSystem(),
+		}
+		for t := range cfg.Turns {
+			turn := Turn{MaxTokens: cfg.LightTokens}
+			if t > 0 {
+				turn.Think = time.Duration(rng.ExpFloat64() * float64(cfg.Think))
+			}
+			// Light messages vary from a third to twice the typical length.
+			n := int(float64(cfg.UserBytes) * math.Exp(rng.NormFloat64()*0.5))
+			turn.User = Text(rng, max(n, 8))
+			if rng.Float64() < cfg.HeavyFraction {
+				turn.Heavy = true
+				turn.User = "Summarise this document:\n" + Text(rng, cfg.DocumentBytes) + "\n" + turn.User
+				turn.MaxTokens = cfg.HeavyTokens
+			}
+			s.Turns = append(s.Turns, turn)
+		}
+		sessions[i] = s
+	}
+	sort.SliceStable(sessions, func(a, b int) bool { return sessions[a].Start < sessions[b].Start })
+	return sessions
+}
