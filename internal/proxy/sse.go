@@ -185,7 +185,7 @@ func eventEnd(b []byte, scan int) (end, next int) {
 // maxEventBytes, which no OpenAI chunk comes near (a chunk is a token or a
 // few, with logprobs at most some kilobytes).
 const (
-	streamBufBytes = 32 << 10
+	streamBufBytes = 8 << 10
 	maxEventBytes  = 4 << 20
 )
 

@@ -17,12 +17,14 @@ var (
 // KVRoute is kvroute's own policy. For every candidate it predicts the
 // request's time to first token there,
 //
-//	TTFT(b) = overhead(b) + (queued prefill tokens on b + the request's uncached tokens on b) / prefill rate(b),
+//	TTFT(b) = overhead(b) + (queued prefill tokens on b + the request's uncached tokens on b) / prefill rate(b)
+//	          + requests decoding on b × slowdown per decoding request(b),
 //
-// where the queued prefill is the router's own exact count of routed work not
-// yet past its first token, the uncached tokens come from the prefix index,
-// and overhead and rate are learned per backend from observed TTFTs (pooled
-// over the fleet until a backend has its own samples). To that it adds the
+// where the queued prefill and the decoding requests are the router's own
+// exact, immediate counts of the work it sent, the uncached tokens come from
+// the prefix index, and overhead, rate and slowdown are learned per backend
+// from observed TTFTs (pooled over the fleet until a backend has its own
+// samples). To that it adds the
 // uncached prefill once more, times MissPenalty: the price the rest of the
 // fleet pays for a recomputed prefix. It picks the lowest cost, at random
 // among near-ties (within 10 % or 5 ms), preferring the session's backend. A conversation or a hot
@@ -85,16 +87,11 @@ func (c KVRouteConfig) withDefaults() KVRouteConfig {
 	return c
 }
 
-// Priors used until a backend has been observed: an H100 running an 8B
-// model prefills about 30k tokens/s, and a step costs tens of milliseconds.
 const (
-	priorRate      = 30_000.0 // tokens/s
-	priorOverhead  = 0.02     // s
-	defaultRatio   = 4.0      // bytes of prompt text per token
+	defaultRatio   = 4.0 // bytes of prompt text per token
 	maxSessions    = 1 << 17
 	tieTolerance   = 0.1   // relative: learned speeds carry noise of this order
 	tieFloor       = 0.005 // s
-	speedHalfLife  = 200.0 // observations
 	ownSamples     = 16    // observations before a backend's own fit replaces the pooled one
 	capacityShrink = 0.9
 )
@@ -169,7 +166,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 			sp = &p.speeds[b.Index]
 		}
 		miss := float64(promptTokens - cached)
-		ttft := sp.predict(float64(loads[i].PrefillTokens) + miss)
+		ttft := sp.predict(float64(loads[i].PrefillTokens)+miss, float64(loads[i].Decoding))
 		cost := ttft + p.cfg.MissPenalty*miss/sp.rate
 		if float64(loads[i].Requests+1) > bound {
 			cost = math.Inf(1) // over the load bound: only if all are
@@ -200,6 +197,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		PrefixTokens:  scores[best].Cached,
 		OutputTokens:  req.MaxTokens,
 		QueuedTokens:  int(loads[best].PrefillTokens),
+		Decoding:      int(loads[best].Decoding),
 		PredictedTTFT: scores[best].TTFT,
 		Scores:        scores,
 	}
@@ -245,12 +243,25 @@ func (p *KVRoute) breakTie(scores []Score, cands []*fleet.Backend, best, session
 	return pick
 }
 
-// Observe implements Learner: it learns prompt bytes per token, each
-// backend's prefill rate and overhead, and corrects the index's capacity
-// for a backend whose cache held less than predicted.
+// Observe implements Learner: it learns prompt bytes per token and each
+// backend's TTFT model, corrects the index's capacity for a backend whose
+// cache held less than predicted, and forgets what a failed request was
+// expected to leave in a backend's cache.
 func (p *KVRoute) Observe(o Outcome) {
 	b := o.Decision.Backend
-	if b == nil || o.Status != 200 || o.PromptTokens <= 0 {
+	if b == nil {
+		return
+	}
+	if o.Status == 0 || o.Status >= 500 {
+		// The backend never computed the prompt: take back what Pick told
+		// the index it would hold beyond what it held already.
+		p.mu.Lock()
+		held := int(float64(o.Decision.PrefixTokens) * p.ratio / float64(p.cfg.BlockBytes))
+		p.mu.Unlock()
+		p.index.Forget(b.Index, prefix.Hash(nil, o.Request.Prompt, p.cfg.BlockBytes), held)
+		return
+	}
+	if o.Status != 200 || o.PromptTokens <= 0 {
 		return
 	}
 	p.mu.Lock()
@@ -261,8 +272,9 @@ func (p *KVRoute) Observe(o Outcome) {
 	}
 	if o.CachedTokens >= 0 && o.TTFT > 0 {
 		work := float64(o.Decision.QueuedTokens + o.PromptTokens - o.CachedTokens)
-		p.speeds[b.Index].observe(work, o.TTFT.Seconds())
-		p.pooled.observe(work, o.TTFT.Seconds())
+		decoding := float64(o.Decision.Decoding)
+		p.speeds[b.Index].observe(work, decoding, o.TTFT.Seconds())
+		p.pooled.observe(work, decoding, o.TTFT.Seconds())
 	}
 	// Capacity: the KV the backend reports, in blocks of prompt text; shrunk
 	// when the backend had evicted what the index still believed cached (it
@@ -287,42 +299,6 @@ func (p *KVRoute) Observe(o Outcome) {
 	if c != p.capacity[b.Index] {
 		p.capacity[b.Index] = c
 		p.index.SetCapacity(b.Index, c)
-	}
-}
-
-// speed is a backend's learned prefill model, TTFT = overhead + work/rate:
-// an exponentially weighted least-squares fit of observed TTFTs against the
-// prefill work they waited for.
-type speed struct {
-	n, sw, st, sww, swt float64 // decayed sums
-	overhead, rate      float64
-}
-
-func newSpeed() speed { return speed{overhead: priorOverhead, rate: priorRate} }
-
-// predict returns the TTFT in seconds for work tokens of prefill.
-func (s speed) predict(work float64) float64 { return s.overhead + work/s.rate }
-
-func (s *speed) observe(work, ttft float64) {
-	decay := 1 - 1/speedHalfLife
-	s.n = s.n*decay + 1
-	s.sw = s.sw*decay + work
-	s.st = s.st*decay + ttft
-	s.sww = s.sww*decay + work*work
-	s.swt = s.swt*decay + work*ttft
-	mw, mt := s.sw/s.n, s.st/s.n
-	varW := s.sww/s.n - mw*mw
-	covWT := s.swt/s.n - mw*mt
-	// The fit needs spread in the work; until then, keep the overhead and
-	// attribute the rest of the mean TTFT to the mean work.
-	if s.n >= 8 && varW > 1e-9*mw*mw+1 && covWT > 0 {
-		slope := covWT / varW
-		s.rate = clamp(1/slope, 100, 1e7)
-		s.overhead = clamp(mt-mw/s.rate, 0, 10)
-		return
-	}
-	if mt > s.overhead && mw > 0 {
-		s.rate = clamp(mw/(mt-s.overhead), 100, 1e7)
 	}
 }
 

@@ -61,6 +61,9 @@ type Decision struct {
 	// QueuedTokens is the prefill work already queued on the backend when
 	// the request was routed, in tokens (the router's own count).
 	QueuedTokens int
+	// Decoding is the number of requests the router had decoding on the
+	// backend when the request was routed.
+	Decoding int
 	// PredictedTTFT is the policy's predicted time to first token; 0 for
 	// policies that do not predict.
 	PredictedTTFT time.Duration

@@ -252,3 +252,53 @@ func TestKVRouteShrinksIndexOnMissedPrediction(t *testing.T) {
 		t.Errorf("capacity %d after a missed prediction, want below %d", got, full)
 	}
 }
+
+func TestSpeedLearnsDecodeSlowdown(t *testing.T) {
+	s := newSpeed()
+	for i := range 400 {
+		work := float64(200 + (i*997)%9000)
+		decoding := float64((i * 31) % 120)
+		s.observe(work, decoding, 0.03+work/20_000+decoding*0.002)
+	}
+	if r := s.rate / 20_000; r < 0.95 || r > 1.05 {
+		t.Errorf("rate %.0f tokens/s, want 20,000", s.rate)
+	}
+	if s.perDecode < 0.0019 || s.perDecode > 0.0021 {
+		t.Errorf("slowdown %.5f s per decoding request, want 0.002", s.perDecode)
+	}
+	if s.overhead < 0.025 || s.overhead > 0.035 {
+		t.Errorf("overhead %.3f s, want 0.03", s.overhead)
+	}
+}
+
+func TestKVRouteAvoidsBusyDecoders(t *testing.T) {
+	bs := backends(2)
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	// b0 has 40 requests past their first token; b1 none. Nothing is queued
+	// for prefill on either, and the load bound is loose enough to allow b0.
+	var flights []*fleet.Flight
+	for range 40 {
+		f := bs[0].Start(0, 1000)
+		f.FirstToken()
+		flights = append(flights, f)
+	}
+	for i := range 20 {
+		if d := pick(t, p, &Request{Prompt: words(i, 2000)}, bs); d.Backend != bs[1] {
+			t.Fatalf("a fresh prompt went to the backend with 40 decoding requests")
+		}
+	}
+	for _, f := range flights {
+		f.Done()
+	}
+}
+
+func TestKVRouteForgetsPromptOfFailedRequest(t *testing.T) {
+	bs := backends(2)
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	prompt := words(0, 8000)
+	d := pick(t, p, &Request{Prompt: prompt}, bs)
+	p.Observe(Outcome{Request: &Request{Prompt: prompt}, Decision: d, Status: 0, PromptTokens: -1, CachedTokens: -1})
+	if n := p.index.Len(d.Backend.Index); n != 0 {
+		t.Errorf("the index still holds %d blocks of a prompt the backend never saw", n)
+	}
+}
