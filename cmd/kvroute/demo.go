@@ -88,7 +88,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintln(stdout)
-	if err := bench.WriteTable(stdout, sums); err != nil {
+	if err := bench.WriteTable(stdout, sums, bench.Bounds{}); err != nil {
 		return 1
 	}
 	return 0

@@ -138,6 +138,7 @@ func runServe(args []string, _, stderr io.Writer) int {
 func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- string) error {
 	cfg.fleet.Logger = log
 	fl := fleet.New(cfg.backends, cfg.fleet)
+	cfg.policyOpts.Metrics = fl.Metrics // for peers that read scraped load
 	policy, err := router.New(cfg.policy, cfg.backends, cfg.policyOpts)
 	if err != nil {
 		return err

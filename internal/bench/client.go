@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/tokenizer"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -30,26 +32,53 @@ type Client struct {
 	// it, and measured times divided by it, so results are in model time.
 	// 0 means 1.
 	TimeScale float64
+	// Users, when positive, runs closed loop: that many users, each
+	// starting the next session as soon as its previous one ended (the
+	// sessions' start times are ignored).
+	Users int
+	// BlockTokens, when positive, records in every Result the block hashes
+	// of its prompt and of its whole sequence (prompt and reply), tokenized
+	// as the emulator does, for computing cache bounds.
+	BlockTokens int
 }
 
 // Result is one request as the client saw it. Times are in model time.
 type Result struct {
-	Session, Turn int
+	// Session and Turn identify the request in its workload.
+	Session int `json:"session"`
+	Turn    int `json:"turn"`
 	// Heavy marks a turn carrying a long document.
-	Heavy bool
+	Heavy bool `json:"heavy,omitempty"`
 	// Backend and Route are the router's X-Kvroute-Backend and
 	// X-Kvroute-Route headers (empty without a router).
-	Backend, Route string
+	Backend string `json:"backend,omitempty"`
+	Route   string `json:"route,omitempty"`
 	// Status is the HTTP status; 0 if the request failed before one.
-	Status int
-	// Err is set when the request failed.
-	Err error
+	Status int `json:"status"`
+	// Err is set when the request failed; Error is its text.
+	Err   error  `json:"-"`
+	Error string `json:"error,omitempty"`
 	// Sent is when the request was sent, from the start of the run.
-	Sent time.Duration
+	Sent time.Duration `json:"sent_ns"`
 	// TTFT is the time to the first content token; E2E to the end.
-	TTFT, E2E time.Duration
+	TTFT time.Duration `json:"ttft_ns"`
+	E2E  time.Duration `json:"e2e_ns"`
+	// ITL is the mean time between content chunks after the first; 0
+	// with fewer than two.
+	ITL time.Duration `json:"itl_ns"`
 	// PromptTokens, CachedTokens and CompletionTokens are the response's usage.
-	PromptTokens, CachedTokens, CompletionTokens int
+	PromptTokens     int `json:"prompt_tokens"`
+	CachedTokens     int `json:"cached_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	// PromptBlocks and SequenceBlocks are the block hashes recorded when
+	// Client.BlockTokens is set.
+	PromptBlocks, SequenceBlocks []uint64 `json:"-"`
+}
+
+// fail records err as the request's failure.
+func (r *Result) fail(err error) {
+	r.Err = err
+	r.Error = err.Error()
 }
 
 func (c *Client) scale() float64 {
@@ -69,12 +98,13 @@ func (c *Client) http() *http.Client {
 	return c.HTTP
 }
 
-// RunChat plays sessions against the endpoint, each in its own goroutine
-// from its start time, every turn carrying the conversation so far (the
-// replies the server gave included). It calls done (if not nil) after each
-// request, from any goroutine, and returns every result when all sessions
-// have ended or ctx is done.
-func (c *Client) RunChat(ctx context.Context, sessions []workload.Session, done func(Result)) []Result {
+// Run plays sessions against the endpoint, every turn carrying the
+// conversation so far (the replies the server gave included): open loop,
+// each session in its own goroutine from its start time, or closed loop
+// with c.Users users. It calls done (if not nil) after each request, from
+// any goroutine, and returns every result when all sessions have ended or
+// ctx is done.
+func (c *Client) Run(ctx context.Context, sessions []workload.Session, done func(Result)) []Result {
 	c.http()
 	start := time.Now()
 	var (
@@ -90,32 +120,78 @@ func (c *Client) RunChat(ctx context.Context, sessions []workload.Session, done 
 			done(r)
 		}
 	}
-	for i := range sessions {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s := &sessions[i]
-			if !c.sleepUntil(ctx, start, s.Start) {
+	play := func(i int) {
+		s := &sessions[i]
+		msgs := []message{}
+		if s.System != "" {
+			msgs = append(msgs, message{Role: "system", Content: s.System})
+		}
+		for t := range s.Turns {
+			turn := &s.Turns[t]
+			if !c.sleep(ctx, turn.Think) {
 				return
 			}
-			msgs := []message{{Role: "system", Content: s.System}}
-			for t, turn := range s.Turns {
-				if !c.sleep(ctx, turn.Think) {
-					return
-				}
-				msgs = append(msgs, message{Role: "user", Content: turn.User})
-				res, reply := c.chat(ctx, start, s.ID, msgs, turn.MaxTokens)
-				res.Session, res.Turn, res.Heavy = i, t, turn.Heavy
-				record(res)
-				if res.Err != nil {
-					return // the conversation cannot go on without its reply
-				}
-				msgs = append(msgs, message{Role: "assistant", Content: reply})
+			msgs = append(msgs, message{Role: turn.MessageRole(), Content: turn.Text()})
+			res, reply := c.chat(ctx, start, s.ID, msgs, turn.MaxTokens)
+			res.Session, res.Turn, res.Heavy = i, t, turn.Heavy
+			if c.BlockTokens > 0 && res.Err == nil {
+				res.PromptBlocks, res.SequenceBlocks = blocks(msgs, reply, c.BlockTokens)
 			}
-		}()
+			record(res)
+			if res.Err != nil {
+				return // the conversation cannot go on without its reply
+			}
+			msgs = append(msgs, message{Role: "assistant", Content: reply})
+		}
+	}
+	if c.Users > 0 {
+		next := make(chan int)
+		for range c.Users {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range next {
+					play(i)
+				}
+			}()
+		}
+	feed:
+		for i := range sessions {
+			select {
+			case next <- i:
+			case <-ctx.Done():
+				break feed
+			}
+		}
+		close(next)
+	} else {
+		for i := range sessions {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if c.sleepUntil(ctx, start, sessions[i].Start) {
+					play(i)
+				}
+			}()
+		}
 	}
 	wg.Wait()
 	return results
+}
+
+// blocks returns the block hashes of the prompt the emulator renders for
+// msgs, and of that prompt followed by the reply (what its cache holds
+// afterwards).
+func blocks(msgs []message, reply string, blockTokens int) (prompt, sequence []uint64) {
+	tm := make([]tokenizer.Message, len(msgs))
+	for i, m := range msgs {
+		tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
+	}
+	ids := tokenizer.EncodeChat(nil, tm, true)
+	n := len(ids)
+	ids = tokenizer.Encode(ids, reply)
+	sequence = engine.HashTokens(nil, ids, blockTokens)
+	return sequence[:min(len(sequence), n/blockTokens)], sequence
 }
 
 // model converts a wall duration into model time.
@@ -123,6 +199,7 @@ func (c *Client) model(d time.Duration) time.Duration {
 	return time.Duration(float64(d) / c.scale())
 }
 
+// sleep waits for a model-time duration.
 func (c *Client) sleep(ctx context.Context, model time.Duration) bool {
 	if model <= 0 {
 		return ctx.Err() == nil
@@ -137,8 +214,9 @@ func (c *Client) sleep(ctx context.Context, model time.Duration) bool {
 	}
 }
 
-func (c *Client) sleepUntil(ctx context.Context, start time.Time, model time.Duration) bool {
-	return c.sleep(ctx, time.Duration(float64(model)*c.scale())-time.Since(start))
+// sleepUntil waits until model time at since start (in wall time).
+func (c *Client) sleepUntil(ctx context.Context, start time.Time, at time.Duration) bool {
+	return c.sleep(ctx, at-c.model(time.Since(start)))
 }
 
 type message struct {
@@ -157,12 +235,12 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 	})
 	var res Result
 	if err != nil {
-		res.Err = err
+		res.fail(err)
 		return res, ""
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.BaseURL, "/")+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
-		res.Err = err
+		res.fail(err)
 		return res, ""
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -171,7 +249,7 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 	res.Sent = c.model(sent.Sub(start))
 	resp, err := c.http().Do(req)
 	if err != nil {
-		res.Err = err
+		res.fail(err)
 		return res, ""
 	}
 	defer resp.Body.Close()
@@ -180,13 +258,13 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 	res.Route = resp.Header.Get("X-Kvroute-Route")
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		res.Err = fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
+		res.fail(fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg)))
 		return res, ""
 	}
 	var reply strings.Builder
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	sawDone := false
+	sawDone, chunks := false, 0
 	for sc.Scan() {
 		line := sc.Bytes()
 		data, ok := bytes.CutPrefix(line, []byte("data: "))
@@ -212,11 +290,15 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 			} `json:"usage"`
 		}
 		if err := json.Unmarshal(data, &chunk); err != nil {
-			res.Err = fmt.Errorf("bad event %q: %w", data, err)
+			res.fail(fmt.Errorf("bad event %q: %w", data, err))
 			return res, ""
 		}
 		for _, ch := range chunk.Choices {
-			if ch.Delta.Content != "" && res.TTFT == 0 {
+			if ch.Delta.Content == "" {
+				continue
+			}
+			chunks++
+			if chunks == 1 {
 				res.TTFT = c.model(time.Since(sent))
 			}
 			reply.WriteString(ch.Delta.Content)
@@ -229,10 +311,13 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 		}
 	}
 	res.E2E = c.model(time.Since(sent))
+	if chunks > 1 {
+		res.ITL = (res.E2E - res.TTFT) / time.Duration(chunks-1)
+	}
 	if err := sc.Err(); err != nil {
-		res.Err = err
+		res.fail(err)
 	} else if !sawDone {
-		res.Err = errors.New("stream ended without [DONE]")
+		res.fail(errors.New("stream ended without [DONE]"))
 	}
 	return res, reply.String()
 }

@@ -78,7 +78,7 @@ func RunDemo(ctx context.Context, cfg DemoConfig) ([]Summary, error) {
 			done = func(Result) { bar.Add(1) }
 		}
 		c := &Client{BaseURL: f.URL, Model: f.Model, TimeScale: cfg.TimeScale}
-		results := c.RunChat(ctx, sessions, done)
+		results := c.Run(ctx, sessions, done)
 		s := Summarize(policy, results)
 		s.Imbalance = Imbalance(f.BusyTimes())
 		f.Close()

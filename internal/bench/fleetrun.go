@@ -26,7 +26,8 @@ type FleetConfig struct {
 	Profile engine.Profile
 	// TimeScale is wall time per model second (0.1 = ten times faster).
 	TimeScale float64
-	// Policy is the router's --policy.
+	// Policy is the router's --policy, or a real balancer (Balancers())
+	// to put in front of the backends instead of kvroute.
 	Policy string
 	// Seed seeds the policy and the emulators.
 	Seed uint64
@@ -40,12 +41,13 @@ type Fleet struct {
 	URL string
 	// Model is the model the backends serve.
 	Model string
-	// Servers are the emulated backends.
+	// Servers are the emulated backends; Names their names.
 	Servers []*emulator.Server
+	Names   []string
 
-	cancel  context.CancelFunc
-	servers []*http.Server
-	done    chan struct{}
+	cancel   context.CancelFunc
+	servers  []*http.Server
+	balancer *Balancer // when a real balancer fronts the fleet
 }
 
 // StartFleet starts cfg.Backends emulators and a router in front of them,
@@ -57,12 +59,15 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	f := &Fleet{cancel: cancel, done: make(chan struct{})}
+	f := &Fleet{cancel: cancel}
 	fail := func(err error) (*Fleet, error) {
 		f.Close()
 		return nil, err
 	}
-	var backends []*fleet.Backend
+	var (
+		backends []*fleet.Backend
+		urls     []string
+	)
 	for i := range cfg.Backends {
 		s, err := emulator.New(emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger})
 		if err != nil {
@@ -75,18 +80,26 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		}
 		go s.Run(ctx)
 		f.Servers = append(f.Servers, s)
-		backends = append(backends, fleet.NewBackend(i, fmt.Sprintf("gpu%d", i), u))
+		f.Names = append(f.Names, fmt.Sprintf("gpu%d", i))
+		backends = append(backends, fleet.NewBackend(i, f.Names[i], u))
+		urls = append(urls, u.String())
+	}
+	if IsBalancer(cfg.Policy) {
+		// A real balancer in front instead of kvroute.
+		b, err := StartBalancer(ctx, cfg.Policy, urls, logger)
+		if err != nil {
+			return fail(err)
+		}
+		f.balancer, f.URL = b, b.URL
+		return f, nil
 	}
 	fl := fleet.New(backends, fleet.Options{Logger: logger})
 	fl.Refresh(ctx)
 	if !fl.Ready() {
 		return fail(errors.New("the emulated backends did not come up"))
 	}
-	go func() {
-		defer close(f.done)
-		fl.Run(ctx)
-	}()
-	policy, err := router.New(cfg.Policy, backends, router.Options{Seed: cfg.Seed})
+	go fl.Run(ctx)
+	policy, err := router.New(cfg.Policy, backends, router.Options{Seed: cfg.Seed, Metrics: fl.Metrics})
 	if err != nil {
 		return fail(err)
 	}
@@ -123,10 +136,23 @@ func (f *Fleet) BusyTimes() []time.Duration {
 	return busy
 }
 
-// Close stops the router and the backends.
+// Close stops the router (or balancer) and the backends.
 func (f *Fleet) Close() {
+	if f.balancer != nil {
+		f.balancer.Close()
+	}
 	f.cancel()
 	for _, s := range f.servers {
 		s.Close()
 	}
+}
+
+// IsBalancer reports whether name is one of Balancers().
+func IsBalancer(name string) bool {
+	for _, b := range Balancers() {
+		if b == name {
+			return true
+		}
+	}
+	return false
 }

@@ -39,7 +39,7 @@ func TestConversationStaysOnItsBackend(t *testing.T) {
 		sessions = append(sessions, s)
 	}
 	c := &Client{BaseURL: f.URL, Model: f.Model, TimeScale: 0.01}
-	results := c.RunChat(context.Background(), sessions, nil)
+	results := c.Run(context.Background(), sessions, nil)
 	if len(results) != 32 {
 		t.Fatalf("%d results, want 32", len(results))
 	}
@@ -84,7 +84,7 @@ func TestHotPrefixSpreadsWhenItsBackendSaturates(t *testing.T) {
 	c := &Client{BaseURL: f.URL, Model: f.Model, TimeScale: 0.01}
 	var mu sync.Mutex
 	per := map[string]int{}
-	results := c.RunChat(context.Background(), sessions, func(r Result) {
+	results := c.Run(context.Background(), sessions, func(r Result) {
 		mu.Lock()
 		per[r.Backend]++
 		mu.Unlock()

@@ -12,36 +12,65 @@ import (
 // Summary is the aggregate of a run, in model time.
 type Summary struct {
 	// Name labels the run (the policy).
-	Name string
+	Name string `json:"name"`
 	// Requests and Errors count what was sent and what failed.
-	Requests, Errors int
-	// TTFT and E2E percentiles over successful requests.
-	TTFTP50, TTFTP99, E2EP50, E2EP99 time.Duration
+	Requests int `json:"requests"`
+	Errors   int `json:"errors"`
+	// TTFT, end-to-end and inter-token latency percentiles over successful
+	// requests (ITL: of each request's mean).
+	TTFTP50 time.Duration `json:"ttft_p50_ns"`
+	TTFTP99 time.Duration `json:"ttft_p99_ns"`
+	E2EP50  time.Duration `json:"e2e_p50_ns"`
+	E2EP99  time.Duration `json:"e2e_p99_ns"`
+	ITLP50  time.Duration `json:"itl_p50_ns"`
+	ITLP99  time.Duration `json:"itl_p99_ns"`
+	// Span is the time from the first request sent to the last finished.
+	Span time.Duration `json:"span_ns"`
+	// OutputTokensPerSec is completion tokens over Span.
+	OutputTokensPerSec float64 `json:"output_tokens_per_s"`
 	// PromptTokens and CachedTokens sum the responses' usage; HitRate is
 	// their ratio.
-	PromptTokens, CachedTokens int
-	HitRate                    float64
+	PromptTokens     int     `json:"prompt_tokens"`
+	CachedTokens     int     `json:"cached_tokens"`
+	CompletionTokens int     `json:"completion_tokens"`
+	HitRate          float64 `json:"hit_rate"`
 	// Imbalance is the busiest backend's busy time over the mean (1 is
 	// perfectly even); 0 when unknown.
-	Imbalance float64
+	Imbalance float64 `json:"imbalance"`
 }
 
 // Summarize aggregates results.
 func Summarize(name string, results []Result) Summary {
 	s := Summary{Name: name, Requests: len(results)}
-	var ttft, e2e []time.Duration
+	var ttft, e2e, itl []time.Duration
+	first, last := time.Duration(-1), time.Duration(0)
 	for _, r := range results {
-		if r.Err != nil {
+		if first < 0 || r.Sent < first {
+			first = r.Sent
+		}
+		last = max(last, r.Sent+r.E2E)
+		if r.Err != nil || r.Error != "" {
 			s.Errors++
 			continue
 		}
 		ttft = append(ttft, r.TTFT)
 		e2e = append(e2e, r.E2E)
+		if r.ITL > 0 {
+			itl = append(itl, r.ITL)
+		}
 		s.PromptTokens += r.PromptTokens
 		s.CachedTokens += r.CachedTokens
+		s.CompletionTokens += r.CompletionTokens
 	}
 	s.TTFTP50, s.TTFTP99 = Percentile(ttft, 0.50), Percentile(ttft, 0.99)
 	s.E2EP50, s.E2EP99 = Percentile(e2e, 0.50), Percentile(e2e, 0.99)
+	s.ITLP50, s.ITLP99 = Percentile(itl, 0.50), Percentile(itl, 0.99)
+	if first >= 0 {
+		s.Span = last - first
+	}
+	if s.Span > 0 {
+		s.OutputTokensPerSec = float64(s.CompletionTokens) / s.Span.Seconds()
+	}
 	if s.PromptTokens > 0 {
 		s.HitRate = float64(s.CachedTokens) / float64(s.PromptTokens)
 	}
@@ -72,8 +101,9 @@ func Imbalance(busy []time.Duration) float64 {
 	return float64(most) / (float64(sum) / float64(len(busy)))
 }
 
-// WriteTable prints summaries side by side, one column per run.
-func WriteTable(w io.Writer, sums []Summary) error {
+// WriteTable prints summaries side by side, one column per run. With
+// non-zero bounds it adds the hit rate as a fraction of the ideal bound.
+func WriteTable(w io.Writer, sums []Summary, bounds Bounds) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(label string, cell func(Summary) string) {
 		cells := []string{label}
@@ -90,7 +120,16 @@ func WriteTable(w io.Writer, sums []Summary) error {
 	row("TTFT p99", func(s Summary) string { return ms(s.TTFTP99) })
 	row("end-to-end p50", func(s Summary) string { return ms(s.E2EP50) })
 	row("end-to-end p99", func(s Summary) string { return ms(s.E2EP99) })
+	if sums[0].ITLP50 > 0 {
+		row("inter-token p50", func(s Summary) string { return fmt.Sprintf("%.1f ms", float64(s.ITLP50)/float64(time.Millisecond)) })
+		row("inter-token p99", func(s Summary) string { return fmt.Sprintf("%.1f ms", float64(s.ITLP99)/float64(time.Millisecond)) })
+		row("output tokens/s", func(s Summary) string { return fmt.Sprintf("%.0f", s.OutputTokensPerSec) })
+	}
 	row("prompt-cache hit rate", func(s Summary) string { return fmt.Sprintf("%.1f %%", 100*s.HitRate) })
+	if bounds.Ideal > 0 {
+		row(fmt.Sprintf("  of ideal bound (%.1f %%)", 100*bounds.Ideal), func(s Summary) string { return fmt.Sprintf("%.0f %%", 100*s.HitRate/bounds.Ideal) })
+		row(fmt.Sprintf("  of unlimited cache (%.1f %%)", 100*bounds.Unlimited), func(s Summary) string { return fmt.Sprintf("%.0f %%", 100*s.HitRate/bounds.Unlimited) })
+	}
 	row("load imbalance (max/mean busy)", func(s Summary) string { return fmt.Sprintf("%.2f", s.Imbalance) })
 	return tw.Flush()
 }

@@ -12,7 +12,7 @@ var sinkDecision Decision
 // backend, over fleets of 16 and 1,000 backends.
 func BenchmarkPick(b *testing.B) {
 	for _, n := range []int{16, 1000} {
-		for _, policy := range []string{"kvroute", "round-robin", "least-request", "session-hash"} {
+		for _, policy := range Names() {
 			b.Run(fmt.Sprintf("%s/backends=%d", policy, n), func(b *testing.B) {
 				bs := backends(n)
 				p, err := New(policy, bs, Options{Seed: 1})

@@ -43,6 +43,7 @@ type KVRoute struct {
 	speeds   []speed // by backend index
 	capacity []int   // index capacity in blocks last derived from Info, by backend index
 	ratio    float64 // learned prompt bytes per token
+	ratioN   int     // observations behind ratio, up to 64
 	sessions map[string]int
 
 	scratch sync.Pool // *pickScratch
@@ -267,8 +268,11 @@ func (p *KVRoute) Observe(o Outcome) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(o.Request.Prompt) > 0 {
+		// A running mean at first, then a moving one over about 64
+		// requests.
 		r := float64(len(o.Request.Prompt)) / float64(o.PromptTokens)
-		p.ratio += (r - p.ratio) / 64
+		p.ratioN = min(p.ratioN+1, 64)
+		p.ratio += (r - p.ratio) / float64(p.ratioN)
 	}
 	if o.CachedTokens >= 0 && o.TTFT > 0 {
 		work := float64(o.Decision.QueuedTokens + o.PromptTokens - o.CachedTokens)

@@ -8,17 +8,43 @@ import (
 	"time"
 )
 
-// Turn is one user message of a conversation.
+// Turn is one message a client sends in a conversation, after which it
+// waits for the reply.
 type Turn struct {
 	// Think is the pause before the turn is sent, after the previous reply
 	// (or the session's start).
 	Think time.Duration
-	// User is the message text.
+	// Role is the message's role; empty means "user" (agents send "tool").
+	Role string
+	// User is the message text, unless Blocks is set.
 	User string
+	// Blocks, when set, describe the text instead: block ids of
+	// BlockTokens tokens each (see BlockText), Tokens tokens in all. Text
+	// is made when the turn is sent, so that a long trace need not be held
+	// in memory.
+	Blocks      []uint64
+	BlockTokens int
+	Tokens      int
 	// MaxTokens is the requested output length.
 	MaxTokens int
 	// Heavy marks a turn carrying a long document.
 	Heavy bool
+}
+
+// Text returns the turn's message text.
+func (t *Turn) Text() string {
+	if t.Blocks == nil {
+		return t.User
+	}
+	return BlocksText(t.Blocks, t.BlockTokens, t.Tokens)
+}
+
+// MessageRole returns the turn's role, "user" by default.
+func (t *Turn) MessageRole() string {
+	if t.Role == "" {
+		return "user"
+	}
+	return t.Role
 }
 
 // Session is one user's conversation: a system prompt and turns sent one
@@ -68,7 +94,7 @@ type ChatConfig struct {
 func DemoChat() ChatConfig {
 	return ChatConfig{
 		Sessions:      200,
-		Span:          3 * time.Minute,
+		Span:          45 * time.Second,
 		Turns:         6,
 		SystemPrompts: 4,
 		SystemBytes:   8_000,

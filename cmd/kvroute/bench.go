@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/bench"
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/shareddata"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// benchFlags is what the bench flags decide.
+type benchFlags struct {
+	cfg bench.Config
+	out string
+}
+
+// parseBenchFlags parses the bench subcommand's flags and loads the workload.
+func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
+	fs := flag.NewFlagSet("kvroute bench", flag.ContinueOnError)
+	fs.SetOutput(output)
+	var (
+		bf          benchFlags
+		spec        string
+		policies    string
+		profileName string
+		opts        workload.Options
+		kvBlocks    int
+	)
+	fs.StringVar(&spec, "workload", "chat", "workload: "+strings.Join(workload.Specs(), ", "))
+	fs.IntVar(&bf.cfg.Backends, "backends", 8, "emulated backends")
+	fs.StringVar(&policies, "policies", "kvroute,round-robin,least-request,session-hash", "policies to compare, comma-separated, or all: "+strings.Join(allPolicies(), ", "))
+	fs.Float64Var(&opts.Rate, "rate", 0, "arrival rate, sessions (or requests) per second of model time (0: the workload's default or the trace's timestamps)")
+	fs.IntVar(&bf.cfg.Users, "users", 0, "closed loop with this many users instead of open-loop arrivals")
+	fs.DurationVar(&opts.Duration, "duration", 0, "span of arrivals (for traces: the part replayed, in trace time); 0: the workload's default or the whole trace")
+	fs.Float64Var(&opts.Compress, "compress", 1, "traces: divide timestamps by this (4: four times the trace's rate)")
+	fs.Float64Var(&bf.cfg.TimeScale, "time-scale", 0.2, "wall seconds per model second (0.2: five times faster than real time)")
+	fs.Uint64Var(&opts.Seed, "seed", 1, "seed of the workload, the replies and the policies")
+	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile of the backends: "+strings.Join(engine.ProfileNames(), ", "))
+	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV blocks per backend (default: the profile's)")
+	fs.DurationVar(&bf.cfg.Goodput, "goodput", 0, "also search each policy's highest rate with p99 TTFT under this SLO (e.g. 2s); runs the workload several times")
+	fs.StringVar(&bf.out, "out", "", "directory for results.json and report.html (default out/bench-WORKLOAD)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: kvroute bench [flags]\n\n"+
+			"Plays a workload through each policy, each on a fresh emulated fleet with cold caches, and\n"+
+			"reports TTFT, end-to-end and inter-token latency, throughput, cache hit rate against its\n"+
+			"bounds, and load balance, side by side. Times are model time.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return bf, err
+	}
+	if fs.NArg() > 0 {
+		return bf, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	switch {
+	case bf.cfg.Backends < 1:
+		return bf, fmt.Errorf("--backends must be at least 1, got %d", bf.cfg.Backends)
+	case !(bf.cfg.TimeScale > 0):
+		return bf, fmt.Errorf("--time-scale must be positive, got %v", bf.cfg.TimeScale)
+	case opts.Rate < 0 || opts.Compress <= 0 || bf.cfg.Users < 0 || opts.Duration < 0:
+		return bf, errors.New("--rate, --users and --duration must not be negative, --compress must be positive")
+	case bf.cfg.Goodput > 0 && bf.cfg.Users > 0:
+		return bf, errors.New("--goodput searches over arrival rates: it needs open-loop arrivals, not --users")
+	}
+	p, err := engine.LookupProfile(profileName)
+	if err != nil {
+		return bf, err
+	}
+	if kvBlocks > 0 {
+		p.NumGPUBlocks = kvBlocks
+	}
+	bf.cfg.Profile = p
+	if policies == "all" {
+		policies = strings.Join(allPolicies(), ",")
+	}
+	for _, name := range strings.Split(policies, ",") {
+		name = strings.TrimSpace(name)
+		if !bench.IsBalancer(name) {
+			if _, err := router.New(name, nil, router.Options{}); err != nil {
+				return bf, err
+			}
+		}
+		bf.cfg.Policies = append(bf.cfg.Policies, name)
+	}
+	if spec == "multiturn" {
+		path, err := shareddata.Path(workload.DefaultMTBench)
+		if err != nil {
+			return bf, fmt.Errorf("multiturn: %w (or give multiturn:PATH)", err)
+		}
+		spec += ":" + path
+	}
+	bf.cfg.Seed = opts.Seed
+	if bf.cfg.Workload, err = workload.Load(spec, opts); err != nil {
+		return bf, err
+	}
+	if bf.out == "" {
+		name, _, _ := strings.Cut(spec, ":")
+		bf.out = filepath.Join("out", "bench-"+name)
+	}
+	return bf, nil
+}
+
+func runBench(args []string, stdout, stderr io.Writer) int {
+	bf, err := parseBenchFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute bench: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cfg := bf.cfg
+	cfg.Progress = stderr
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	fmt.Fprintf(stdout, "kvroute bench: %s\n%d × %s, time scale %g; policies %s\n\n",
+		cfg.Workload.Description, cfg.Backends, cfg.Profile.Name, cfg.TimeScale, strings.Join(cfg.Policies, ", "))
+	started := time.Now()
+	rep, err := bench.RunBench(ctx, cfg)
+	if rep != nil && len(rep.Runs) > 0 {
+		if werr := writeReport(stdout, rep, bf.out); werr != nil {
+			fmt.Fprintf(stderr, "kvroute bench: %v\n", werr)
+			return 1
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute bench: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "\n(%v of wall time)\n", time.Since(started).Round(time.Second))
+	return 0
+}
+
+// writeReport prints the table and writes results.json and report.html.
+func writeReport(w io.Writer, rep *bench.Report, dir string) error {
+	sums := make([]bench.Summary, len(rep.Runs))
+	for i, r := range rep.Runs {
+		sums[i] = r.Summary
+	}
+	fmt.Fprintln(w)
+	if err := bench.WriteTable(w, sums, rep.Bounds); err != nil {
+		return err
+	}
+	if err := rep.WriteJSON(dir); err != nil {
+		return err
+	}
+	if err := rep.WriteHTML(dir); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nwrote %s and %s\n", filepath.Join(dir, "results.json"), filepath.Join(dir, "report.html"))
+	return nil
+}
+
+// allPolicies lists every policy and every real balancer installed here.
+func allPolicies() []string {
+	names := router.Names()
+	for _, b := range bench.Balancers() {
+		if ok, _ := bench.BalancerAvailable(b); ok {
+			names = append(names, b)
+		}
+	}
+	return names
+}

@@ -1,0 +1,113 @@
+package bench
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Report is everything one `kvroute bench` run measured: the same workload
+// on the same fleet once per policy. It is written as results.json and
+// rendered as report.html.
+type Report struct {
+	// Workload names the workload (e.g. "mooncake:conversation_trace.jsonl").
+	Workload string `json:"workload"`
+	// Description says in a sentence what the workload is and at what load.
+	Description string `json:"description"`
+	// Backends is the fleet size; Profile the engine profile of each.
+	Backends int    `json:"backends"`
+	Profile  string `json:"profile"`
+	// KVTokensPerBackend is each backend's KV capacity in tokens.
+	KVTokensPerBackend int `json:"kv_tokens_per_backend"`
+	// TimeScale is wall seconds per model second; all times are model time.
+	TimeScale float64 `json:"time_scale"`
+	// Seed makes the arrivals and replies reproducible.
+	Seed uint64 `json:"seed"`
+	// Created is when the run started.
+	Created time.Time `json:"created"`
+	// Bounds are the cache hit rates no router can beat on this workload.
+	Bounds Bounds `json:"bounds"`
+	// Runs holds one entry per policy, in the order run.
+	Runs []Run `json:"runs"`
+}
+
+// Bounds are prompt-cache hit rates (cached prompt tokens / prompt tokens)
+// that bound what any router can reach on a workload.
+type Bounds struct {
+	// Unlimited: every repeated block hits (one server, infinite KV).
+	Unlimited float64 `json:"unlimited"`
+	// Ideal: one LRU cache pooling every backend's KV blocks, holding no
+	// block twice: a perfect router at the fleet's real capacity.
+	Ideal float64 `json:"ideal"`
+}
+
+// Run is one policy's measurements.
+type Run struct {
+	// Policy is the --policy value (or a real balancer's name, e.g.
+	// "nginx-least-conn").
+	Policy string `json:"policy"`
+	// Summary aggregates the requests.
+	Summary Summary `json:"summary"`
+	// Requests are the per-request results, in completion order.
+	Requests []Result `json:"requests"`
+	// Backends are per-backend totals and load over time.
+	Backends []BackendSeries `json:"backends"`
+	// Goodput is the rate search, when one was asked for.
+	Goodput *Goodput `json:"goodput,omitempty"`
+}
+
+// BackendSeries is one backend's load during a run.
+type BackendSeries struct {
+	Name string `json:"name"`
+	// Busy is the model time the backend spent computing.
+	Busy time.Duration `json:"busy_ns"`
+	// PromptTokens and CachedTokens are the backend's own counters.
+	PromptTokens int64 `json:"prompt_tokens"`
+	CachedTokens int64 `json:"cached_tokens"`
+	// Samples are taken at regular intervals of model time.
+	Samples []LoadSample `json:"samples"`
+}
+
+// LoadSample is a backend's state at one moment.
+type LoadSample struct {
+	// At is the model time since the start of the run.
+	At time.Duration `json:"at_ns"`
+	// Running and Waiting are the engine's queue lengths.
+	Running int `json:"running"`
+	Waiting int `json:"waiting"`
+	// KVUsage is the fraction of KV blocks in use.
+	KVUsage float64 `json:"kv_usage"`
+}
+
+// Goodput is the result of a search over arrival rates: the highest rate
+// at which p99 TTFT stays under the SLO.
+type Goodput struct {
+	// SLO is the p99 TTFT target.
+	SLO time.Duration `json:"slo_ns"`
+	// Rate is the highest rate (requests/s) found to meet the SLO; 0 if
+	// none did.
+	Rate float64 `json:"rate"`
+	// Points are the rates tried, in order.
+	Points []GoodputPoint `json:"points"`
+}
+
+// GoodputPoint is one trial of a goodput search.
+type GoodputPoint struct {
+	Rate    float64       `json:"rate"`
+	TTFTP99 time.Duration `json:"ttft_p99_ns"`
+	Errors  int           `json:"errors"`
+	Met     bool          `json:"met"`
+}
+
+// WriteJSON writes r to dir/results.json, creating dir.
+func (r *Report) WriteJSON(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "results.json"), append(data, '\n'), 0o644)
+}

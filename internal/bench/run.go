@@ -1,0 +1,262 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// Config configures a `kvroute bench` run.
+type Config struct {
+	// Workload is played once per policy, identically.
+	Workload workload.Workload
+	// Backends is the number of emulated servers; Profile their model.
+	Backends int
+	Profile  engine.Profile
+	// Policies are kvroute --policy values or real balancers (Balancers()).
+	Policies []string
+	// TimeScale is wall seconds per model second.
+	TimeScale float64
+	// Users, when positive, plays the workload closed loop with that many
+	// users instead of at its arrival times.
+	Users int
+	// Seed seeds the policies and the emulators' replies.
+	Seed uint64
+	// Goodput, when positive, searches each policy's highest arrival rate
+	// whose p99 TTFT stays under it.
+	Goodput time.Duration
+	// Sample is the interval of the per-backend load samples, in model
+	// time (default 1 s).
+	Sample time.Duration
+	// Progress receives progress bars; nil shows none.
+	Progress io.Writer
+	// Logger receives the components' logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// blockTokens is the block size the bounds are computed with: vLLM's.
+const blockTokens = 16
+
+// RunBench plays cfg.Workload through every policy, each on a fresh fleet with
+// cold caches, and returns what it measured.
+func RunBench(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.Sample <= 0 {
+		cfg.Sample = time.Second
+	}
+	rep := &Report{
+		Workload:           cfg.Workload.Name,
+		Description:        cfg.Workload.Description,
+		Backends:           cfg.Backends,
+		Profile:            cfg.Profile.Name,
+		KVTokensPerBackend: cfg.Profile.Blocks() * cfg.Profile.BlockSize,
+		TimeScale:          cfg.TimeScale,
+		Seed:               cfg.Seed,
+		Created:            time.Now().UTC(),
+	}
+	for i, policy := range cfg.Policies {
+		run, err := runOnce(ctx, cfg, policy, cfg.Workload.Sessions, i == 0)
+		if err != nil {
+			return rep, fmt.Errorf("%s: %w", policy, err)
+		}
+		if i == 0 {
+			// The bounds depend on the workload and the fleet's capacity
+			// only; the first run's requests carry the block hashes.
+			rep.Bounds = CacheBounds(run.Requests, blockTokens, cfg.Backends*cfg.Profile.Blocks())
+			for j := range run.Requests {
+				run.Requests[j].PromptBlocks, run.Requests[j].SequenceBlocks = nil, nil
+			}
+		}
+		if cfg.Goodput > 0 {
+			g, err := searchGoodput(ctx, cfg, policy)
+			if err != nil {
+				return rep, fmt.Errorf("%s goodput: %w", policy, err)
+			}
+			run.Goodput = g
+		}
+		rep.Runs = append(rep.Runs, *run)
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// runOnce plays sessions through one policy on a fresh fleet.
+func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload.Session, recordBlocks bool) (*Run, error) {
+	f, err := StartFleet(ctx, FleetConfig{
+		Backends: cfg.Backends, Profile: cfg.Profile, TimeScale: cfg.TimeScale,
+		Policy: policy, Seed: cfg.Seed, Logger: cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+
+	var done func(Result)
+	if cfg.Progress != nil {
+		bar := progressbar.NewOptions(requests(sessions),
+			progressbar.OptionSetWriter(cfg.Progress),
+			progressbar.OptionSetDescription(fmt.Sprintf("%-20s", policy)),
+			progressbar.OptionShowCount(),
+			progressbar.OptionSetWidth(30),
+			progressbar.OptionThrottle(200*time.Millisecond),
+			progressbar.OptionOnCompletion(func() { fmt.Fprintln(cfg.Progress) }),
+		)
+		done = func(Result) { bar.Add(1) }
+	}
+	sampler := f.sampleLoad(cfg.Sample, cfg.TimeScale)
+	c := &Client{BaseURL: f.URL, Model: f.Model, TimeScale: cfg.TimeScale, Users: cfg.Users}
+	if recordBlocks {
+		c.BlockTokens = blockTokens
+	}
+	results := c.Run(ctx, sessions, done)
+	series := sampler.stop()
+	run := &Run{Policy: policy, Requests: results, Backends: series}
+	run.Summary = Summarize(policy, results)
+	busy := make([]time.Duration, len(series))
+	for i, s := range series {
+		busy[i] = s.Busy
+	}
+	run.Summary.Imbalance = Imbalance(busy)
+	return run, nil
+}
+
+func requests(sessions []workload.Session) int {
+	n := 0
+	for _, s := range sessions {
+		n += len(s.Turns)
+	}
+	return n
+}
+
+// loadSampler records every backend's load at regular intervals.
+type loadSampler struct {
+	f      *Fleet
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	series []BackendSeries
+}
+
+// sampleLoad starts sampling the fleet's backends every interval of model
+// time.
+func (f *Fleet) sampleLoad(interval time.Duration, scale float64) *loadSampler {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &loadSampler{f: f, cancel: cancel, series: make([]BackendSeries, len(f.Servers))}
+	for i := range s.series {
+		s.series[i].Name = f.Names[i]
+	}
+	start := time.Now()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(time.Duration(math.Max(float64(interval)*scale, float64(10*time.Millisecond))))
+		defer t.Stop()
+		for {
+			s.take(time.Duration(float64(time.Since(start)) / scale))
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return s
+}
+
+func (s *loadSampler) take(at time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, srv := range s.f.Servers {
+		st := srv.Stats()
+		s.series[i].Samples = append(s.series[i].Samples, LoadSample{At: at, Running: st.Running, Waiting: st.Waiting, KVUsage: st.KVUsage})
+	}
+}
+
+// stop ends sampling and returns the series with the backends' totals.
+func (s *loadSampler) stop() []BackendSeries {
+	s.cancel()
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, srv := range s.f.Servers {
+		st := srv.Stats()
+		s.series[i].Busy = st.BusyTime
+		s.series[i].PromptTokens = st.PrefixQueries
+		s.series[i].CachedTokens = st.PrefixHits
+	}
+	return s.series
+}
+
+// searchGoodput finds the highest arrival rate (the workload's arrivals
+// sped up or slowed down) at which the policy's p99 TTFT stays under
+// cfg.Goodput: doubling the rate until the SLO breaks, then bisecting.
+func searchGoodput(ctx context.Context, cfg Config, policy string) (*Goodput, error) {
+	sessions := cfg.Workload.Sessions
+	last := sessions[len(sessions)-1].Start
+	if last <= 0 || cfg.Users > 0 {
+		return nil, fmt.Errorf("goodput needs an open-loop workload with arrival times")
+	}
+	base := float64(len(sessions)) / last.Seconds() // sessions per second
+	g := &Goodput{SLO: cfg.Goodput}
+	trial := func(speed float64) (bool, error) {
+		scaled := make([]workload.Session, len(sessions))
+		copy(scaled, sessions)
+		for i := range scaled {
+			scaled[i].Start = time.Duration(float64(scaled[i].Start) / speed)
+		}
+		quiet := cfg
+		quiet.Progress = nil
+		run, err := runOnce(ctx, quiet, policy, scaled, false)
+		if err != nil {
+			return false, err
+		}
+		s := run.Summary
+		met := s.Errors == 0 && s.TTFTP99 <= cfg.Goodput
+		g.Points = append(g.Points, GoodputPoint{Rate: base * speed, TTFTP99: s.TTFTP99, Errors: s.Errors, Met: met})
+		if met {
+			g.Rate = math.Max(g.Rate, base*speed)
+		}
+		return met, ctx.Err()
+	}
+	lo, hi := 0.0, 0.0
+	for speed := 0.25; speed <= 64; speed *= 2 {
+		met, err := trial(speed)
+		if err != nil {
+			return g, err
+		}
+		if !met {
+			hi = speed
+			break
+		}
+		lo = speed
+	}
+	if hi == 0 {
+		return g, nil // met even at 64×
+	}
+	for range 3 {
+		mid := (lo + hi) / 2
+		if lo == 0 {
+			mid = hi / 2
+		}
+		met, err := trial(mid)
+		if err != nil {
+			return g, err
+		}
+		if met {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return g, nil
+}
