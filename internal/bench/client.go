@@ -11,10 +11,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/tokenizer"
 	"github.com/kvroute/kvroute/internal/workload"
@@ -66,6 +68,10 @@ type Result struct {
 	// ITL is the mean time between content chunks after the first; 0
 	// with fewer than two.
 	ITL time.Duration `json:"itl_ns"`
+	// ServerTTFT is the TTFT the backend itself reported (the emulator's
+	// X-Kvroute-Model-Ttft trailer), free of the client's and the
+	// router's wall-clock noise; 0 when not reported.
+	ServerTTFT time.Duration `json:"server_ttft_ns,omitempty"`
 	// PromptTokens, CachedTokens and CompletionTokens are the response's usage.
 	PromptTokens     int `json:"prompt_tokens"`
 	CachedTokens     int `json:"cached_tokens"`
@@ -311,6 +317,13 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 		}
 	}
 	res.E2E = c.model(time.Since(sent))
+	// Trailers arrive after the last event: read to the end for them.
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if v := resp.Trailer.Get(emulator.HeaderModelTTFT); v != "" {
+		if secs, err := strconv.ParseFloat(v, 64); err == nil {
+			res.ServerTTFT = time.Duration(secs * float64(time.Second))
+		}
+	}
 	if chunks > 1 {
 		res.ITL = (res.E2E - res.TTFT) / time.Duration(chunks-1)
 	}

@@ -24,6 +24,11 @@ type Summary struct {
 	E2EP99  time.Duration `json:"e2e_p99_ns"`
 	ITLP50  time.Duration `json:"itl_p50_ns"`
 	ITLP99  time.Duration `json:"itl_p99_ns"`
+	// ServerTTFTP50 and ServerTTFTP99 are the TTFTs the backends measured
+	// (emulators only; 0 otherwise): the same as TTFT less the client's,
+	// the router's and the machine's wall-clock overheads.
+	ServerTTFTP50 time.Duration `json:"server_ttft_p50_ns,omitempty"`
+	ServerTTFTP99 time.Duration `json:"server_ttft_p99_ns,omitempty"`
 	// Span is the time from the first request sent to the last finished.
 	Span time.Duration `json:"span_ns"`
 	// OutputTokensPerSec is completion tokens over Span.
@@ -42,7 +47,7 @@ type Summary struct {
 // Summarize aggregates results.
 func Summarize(name string, results []Result) Summary {
 	s := Summary{Name: name, Requests: len(results)}
-	var ttft, e2e, itl []time.Duration
+	var ttft, e2e, itl, server []time.Duration
 	first, last := time.Duration(-1), time.Duration(0)
 	for _, r := range results {
 		if first < 0 || r.Sent < first {
@@ -58,6 +63,9 @@ func Summarize(name string, results []Result) Summary {
 		if r.ITL > 0 {
 			itl = append(itl, r.ITL)
 		}
+		if r.ServerTTFT > 0 {
+			server = append(server, r.ServerTTFT)
+		}
 		s.PromptTokens += r.PromptTokens
 		s.CachedTokens += r.CachedTokens
 		s.CompletionTokens += r.CompletionTokens
@@ -65,6 +73,7 @@ func Summarize(name string, results []Result) Summary {
 	s.TTFTP50, s.TTFTP99 = Percentile(ttft, 0.50), Percentile(ttft, 0.99)
 	s.E2EP50, s.E2EP99 = Percentile(e2e, 0.50), Percentile(e2e, 0.99)
 	s.ITLP50, s.ITLP99 = Percentile(itl, 0.50), Percentile(itl, 0.99)
+	s.ServerTTFTP50, s.ServerTTFTP99 = Percentile(server, 0.50), Percentile(server, 0.99)
 	if first >= 0 {
 		s.Span = last - first
 	}
@@ -118,6 +127,10 @@ func WriteTable(w io.Writer, sums []Summary, bounds Bounds) error {
 	row("errors", func(s Summary) string { return fmt.Sprint(s.Errors) })
 	row("TTFT p50", func(s Summary) string { return ms(s.TTFTP50) })
 	row("TTFT p99", func(s Summary) string { return ms(s.TTFTP99) })
+	if sums[0].ServerTTFTP50 > 0 {
+		row("TTFT p50 at the backend", func(s Summary) string { return ms(s.ServerTTFTP50) })
+		row("TTFT p99 at the backend", func(s Summary) string { return ms(s.ServerTTFTP99) })
+	}
 	row("end-to-end p50", func(s Summary) string { return ms(s.E2EP50) })
 	row("end-to-end p99", func(s Summary) string { return ms(s.E2EP99) })
 	if sums[0].ITLP50 > 0 {
