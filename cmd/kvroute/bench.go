@@ -1,17 +1,13 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/bench"
@@ -115,14 +111,10 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 
 func runBench(args []string, stdout, stderr io.Writer) int {
 	bf, err := parseBenchFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
+	if code, ok := flagsDone("bench", err, stderr); !ok {
+		return code
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "kvroute bench: %v\n", err)
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	defer stop()
 	cfg := bf.cfg
 	cfg.Progress = stderr

@@ -1,16 +1,11 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/router"
@@ -67,14 +62,10 @@ func parseDemoFlags(args []string, output io.Writer) (bench.DemoConfig, error) {
 
 func runDemo(args []string, stdout, stderr io.Writer) int {
 	cfg, err := parseDemoFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
+	if code, ok := flagsDone("demo", err, stderr); !ok {
+		return code
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "kvroute demo: %v\n", err)
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	defer stop()
 	cfg.Progress = stderr
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))

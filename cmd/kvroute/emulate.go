@@ -9,12 +9,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/emulator"
@@ -128,18 +125,12 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 
 func runEmulate(args []string, _, stderr io.Writer) int {
 	cfg, err := parseEmulateFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "kvroute emulate: %v\n", err)
-		return 2
+	if code, ok := flagsDone("emulate", err, stderr); !ok {
+		return code
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	defer stop()
-	// After the first signal, a second one kills the process at once.
-	context.AfterFunc(ctx, stop)
 	if err := emulate(ctx, cfg, log, nil); err != nil {
 		log.Error("emulate failed", "err", err)
 		return 1

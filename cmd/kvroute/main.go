@@ -4,9 +4,14 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"syscall"
 )
 
 // command is one subcommand: run gets the arguments after its name and
@@ -55,4 +60,26 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintf(w, "\nRun 'kvroute <command> -h' for a command's flags.\n")
+}
+
+// flagsDone turns a subcommand's flag-parsing error into its exit code: 0
+// for -h, 2 (with the error printed) for a usage error; ok is false in both
+// cases.
+func flagsDone(name string, err error, stderr io.Writer) (code int, ok bool) {
+	switch {
+	case err == nil:
+		return 0, true
+	case errors.Is(err, flag.ErrHelp):
+		return 0, false
+	}
+	fmt.Fprintf(stderr, "kvroute %s: %v\n", name, err)
+	return 2, false
+}
+
+// signalContext is cancelled by SIGINT or SIGTERM; after the first signal a
+// second one kills the process at once.
+func signalContext() (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	context.AfterFunc(ctx, stop)
+	return ctx, stop
 }

@@ -9,10 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -115,17 +112,12 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 
 func runServe(args []string, _, stderr io.Writer) int {
 	cfg, err := parseServeFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
-		return 2
+	if code, ok := flagsDone("serve", err, stderr); !ok {
+		return code
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	defer stop()
-	context.AfterFunc(ctx, stop)
 	if err := serve(ctx, cfg, log, nil); err != nil {
 		log.Error("serve failed", "err", err)
 		return 1

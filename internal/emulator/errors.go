@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+
+	"github.com/kvroute/kvroute/internal/openai"
 )
 
 // apiError is an error the client gets as an OpenAI-shaped JSON body:
@@ -28,24 +30,9 @@ func badRequest(param, format string, args ...any) *apiError {
 	}
 }
 
-// writeError sends e as the response.
+// writeError sends e as the whole response.
 func writeError(w http.ResponseWriter, e *apiError) {
-	type body struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Param   *string `json:"param"`
-		Code    *string `json:"code"`
-	}
-	b := body{Message: e.message, Type: e.typ}
-	if e.param != "" {
-		b.Param = &e.param
-	}
-	if e.code != "" {
-		b.Code = &e.code
-	}
-	writeJSON(w, e.status, struct {
-		Error body `json:"error"`
-	}{b})
+	openai.WriteError(w, e.status, e.message, e.typ, e.param, e.code)
 }
 
 // writeJSON sends v as a JSON response with the given status.

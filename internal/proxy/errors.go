@@ -1,12 +1,12 @@
 package proxy
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"strconv"
+
+	"github.com/kvroute/kvroute/internal/openai"
 )
 
 // Error types and codes the proxy answers with. Client errors are OpenAI's
@@ -109,29 +109,7 @@ func internal(format string, args ...any) *apiError {
 
 // writeError sends e as the whole response.
 func writeError(w http.ResponseWriter, e *apiError) {
-	type body struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Param   *string `json:"param"`
-		Code    *string `json:"code"`
-	}
-	b := body{Message: e.message, Type: e.typ}
-	if e.param != "" {
-		b.Param = &e.param
-	}
-	if e.code != "" {
-		b.Code = &e.code
-	}
-	data, _ := json.Marshal(struct { // strings and pointers to strings: cannot fail
-		Error body `json:"error"`
-	}{b})
-	data = append(data, '\n')
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(data)))
-	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(e.status)
-	_, _ = w.Write(data)
+	openai.WriteError(w, e.status, e.message, e.typ, e.param, e.code)
 }
 
 // isDialError reports whether err means the connection to the backend was

@@ -101,23 +101,7 @@ func (p *Proxy) pick(c *call, cands []*fleet.Backend) (router.Decision, *apiErro
 // uniformly at random among ties so that an idle fleet spreads its load.
 // cands is not empty.
 func (p *Proxy) leastRequest(cands []*fleet.Backend) router.Decision {
-	var best *fleet.Backend
-	bestLoad, ties := int64(0), 0
-	for _, b := range cands {
-		n := b.Load().Requests
-		switch {
-		case best == nil || n < bestLoad:
-			best, bestLoad, ties = b, n, 1
-		case n == bestLoad:
-			// Reservoir sampling keeps each tied candidate with equal
-			// probability in one pass.
-			ties++
-			if p.rand(ties) == 0 {
-				best = b
-			}
-		}
-	}
-	return router.Decision{Backend: best, Reason: reasonLeastRequest}
+	return router.Decision{Backend: router.LeastLoaded(cands, p.rand), Reason: reasonLeastRequest}
 }
 
 // attempt is one try of a call at one backend: its share of the backend's

@@ -79,9 +79,15 @@ func (p *LeastRequest) Pick(_ *Request, cands []*fleet.Backend) (Decision, error
 	return Decision{Backend: b, Reason: "least-request"}, nil
 }
 
-// leastLoaded returns a uniformly random one of the candidates with the
-// fewest requests in flight, or nil if there are none.
+// leastLoaded is LeastLoaded with a lockedRand.
 func leastLoaded(cands []*fleet.Backend, r *lockedRand) *fleet.Backend {
+	return LeastLoaded(cands, r.IntN)
+}
+
+// LeastLoaded returns a uniformly random one of the candidates with the
+// fewest requests in flight, or nil if there are none. intN(n) returns a
+// uniform integer in [0, n). One pass, no allocation.
+func LeastLoaded(cands []*fleet.Backend, intN func(int) int) *fleet.Backend {
 	var best *fleet.Backend
 	bestLoad, ties := int64(0), 0
 	for _, b := range cands {
@@ -93,7 +99,7 @@ func leastLoaded(cands []*fleet.Backend, r *lockedRand) *fleet.Backend {
 			// Reservoir sampling: each of the tied candidates is kept with
 			// equal probability.
 			ties++
-			if r.IntN(ties) == 0 {
+			if intN(ties) == 0 {
 				best = b
 			}
 		}
