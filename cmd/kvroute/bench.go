@@ -139,12 +139,8 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 
 // writeReport prints the table and writes results.json and report.html.
 func writeReport(w io.Writer, rep *bench.Report, dir string) error {
-	sums := make([]bench.Summary, len(rep.Runs))
-	for i, r := range rep.Runs {
-		sums[i] = r.Summary
-	}
 	fmt.Fprintln(w)
-	if err := bench.WriteTable(w, sums, rep.Bounds); err != nil {
+	if err := rep.WriteTable(w); err != nil {
 		return err
 	}
 	if err := rep.WriteJSON(dir); err != nil {

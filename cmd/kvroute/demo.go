@@ -73,13 +73,13 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "kvroute demo: %d emulated vLLM servers (Llama-3.1-8B on one H100 each), time scale %g;\n"+
 		"%d conversations of %d turns under %d shared system prompts, 1 turn in %.0f carries a %d KB document.\n\n",
 		cfg.Backends, cfg.TimeScale, wl.Sessions, wl.Turns, wl.SystemPrompts, 1/wl.HeavyFraction, wl.DocumentBytes/1000)
-	sums, err := bench.RunDemo(ctx, cfg)
+	rep, err := bench.RunDemo(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvroute demo: %v\n", err)
 		return 1
 	}
 	fmt.Fprintln(stdout)
-	if err := bench.WriteTable(stdout, sums, bench.Bounds{}); err != nil {
+	if err := rep.WriteTable(stdout); err != nil {
 		return 1
 	}
 	return 0

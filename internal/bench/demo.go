@@ -2,11 +2,8 @@ package bench
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
-
-	"github.com/schollz/progressbar/v3"
 
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/workload"
@@ -31,9 +28,9 @@ type DemoConfig struct {
 }
 
 // RunDemo runs the demo workload once per policy, each on a fresh emulated
-// fleet (cold caches) with the same sessions, and returns one summary per
-// policy.
-func RunDemo(ctx context.Context, cfg DemoConfig) ([]Summary, error) {
+// fleet (cold caches) with the same sessions: RunBench with the demo's
+// defaults.
+func RunDemo(ctx context.Context, cfg DemoConfig) (*Report, error) {
 	if cfg.Backends <= 0 {
 		cfg.Backends = 4
 	}
@@ -51,41 +48,14 @@ func RunDemo(ctx context.Context, cfg DemoConfig) ([]Summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	sessions := workload.Chat(wl, cfg.Seed)
-	total := 0
-	for _, s := range sessions {
-		total += len(s.Turns)
-	}
-	var sums []Summary
-	for _, policy := range cfg.Policies {
-		f, err := StartFleet(ctx, FleetConfig{
-			Backends: cfg.Backends, Profile: profile, TimeScale: cfg.TimeScale,
-			Policy: policy, Seed: cfg.Seed, Logger: cfg.Logger,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", policy, err)
-		}
-		var done func(Result)
-		if cfg.Progress != nil {
-			bar := progressbar.NewOptions(total,
-				progressbar.OptionSetWriter(cfg.Progress),
-				progressbar.OptionSetDescription(fmt.Sprintf("%-14s", policy)),
-				progressbar.OptionShowCount(),
-				progressbar.OptionSetWidth(30),
-				progressbar.OptionThrottle(100_000_000),
-				progressbar.OptionOnCompletion(func() { fmt.Fprintln(cfg.Progress) }),
-			)
-			done = func(Result) { bar.Add(1) }
-		}
-		c := &Client{BaseURL: f.URL, Model: f.Model, TimeScale: cfg.TimeScale}
-		results := c.Run(ctx, sessions, done)
-		s := Summarize(policy, results)
-		s.Imbalance = Imbalance(f.BusyTimes())
-		f.Close()
-		sums = append(sums, s)
-		if err := ctx.Err(); err != nil {
-			return sums, err
-		}
-	}
-	return sums, nil
+	return RunBench(ctx, Config{
+		Workload:  workload.Workload{Name: "chat", Sessions: workload.Chat(wl, cfg.Seed)},
+		Backends:  cfg.Backends,
+		Profile:   profile,
+		Policies:  cfg.Policies,
+		TimeScale: cfg.TimeScale,
+		Seed:      cfg.Seed,
+		Progress:  cfg.Progress,
+		Logger:    cfg.Logger,
+	})
 }

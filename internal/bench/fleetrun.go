@@ -127,15 +127,6 @@ func (f *Fleet) serve(h http.Handler) (*url.URL, error) {
 	return url.Parse("http://" + ln.Addr().String())
 }
 
-// BusyTimes returns each backend's busy model time so far.
-func (f *Fleet) BusyTimes() []time.Duration {
-	busy := make([]time.Duration, len(f.Servers))
-	for i, s := range f.Servers {
-		busy[i] = s.Stats().BusyTime
-	}
-	return busy
-}
-
 // Close stops the router (or balancer) and the backends.
 func (f *Fleet) Close() {
 	if f.balancer != nil {

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -110,4 +111,13 @@ func (r *Report) WriteJSON(dir string) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "results.json"), append(data, '\n'), 0o644)
+}
+
+// WriteTable prints the runs' summaries side by side, with the bounds.
+func (r *Report) WriteTable(w io.Writer) error {
+	sums := make([]Summary, len(r.Runs))
+	for i, run := range r.Runs {
+		sums[i] = run.Summary
+	}
+	return WriteTable(w, sums, r.Bounds)
 }
