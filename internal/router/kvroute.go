@@ -18,21 +18,26 @@ var (
 // request's time to first token there,
 //
 //	TTFT(b) = overhead(b) + (queued prefill tokens on b + the request's uncached tokens on b) / prefill rate(b)
-//	          + requests decoding on b × slowdown per decoding request(b),
+//	          + requests decoding on b × slowdown per decoding request(b)
+//	          + KV wait(b),
 //
 // where the queued prefill and the decoding requests are the router's own
 // exact, immediate counts of the work it sent, the uncached tokens come from
-// the prefix index, and overhead, rate and slowdown are learned per backend
-// from observed TTFTs (pooled over the fleet until a backend has its own
-// samples). To that it adds the
-// uncached prefill once more, times MissPenalty: the price the rest of the
-// fleet pays for a recomputed prefix. It picks the lowest cost, at random
-// among near-ties (within 10 % or 5 ms), preferring the session's backend. A conversation or a hot
-// prefix therefore stays where its cache is until the queue there costs more
-// than prefilling elsewhere; then it spills to the next cheapest backend, and
-// the index remembers both, so the prefix spreads to as few backends as the
-// load needs. No backend may take more than LoadFactor times the mean
-// in-flight requests (plus one).
+// the prefix index, overhead, rate and slowdown are learned per backend from
+// observed TTFTs (pooled over the fleet until a backend has its own
+// samples), and the KV wait is the time until b's cache has room for the
+// request: the tokens b's requests hold plus the request's own beyond b's
+// KV capacity, freed at about one cache's worth per mean request lifetime
+// (also learned).
+//
+// To that it adds the uncached prefill once more, times MissPenalty: the
+// price the rest of the fleet pays for a recomputed prefix. It picks the
+// lowest cost, at random among near-ties (within 10 % or 5 ms), preferring
+// the session's backend. A conversation or a hot prefix therefore stays where
+// its cache is until the queue there costs more than prefilling elsewhere;
+// then it spills to the next cheapest backend, and the index remembers both,
+// so the prefix spreads to as few backends as the load needs. No backend may
+// take more than LoadFactor times the mean in-flight requests (plus one).
 type KVRoute struct {
 	cfg   KVRouteConfig
 	rand  *lockedRand
@@ -42,9 +47,13 @@ type KVRoute struct {
 	pooled   speed   // learned from every backend: the prior of each
 	speeds   []speed // by backend index
 	capacity []int   // index capacity in blocks last derived from Info, by backend index
-	ratio    float64 // learned prompt bytes per token
-	ratioN   int     // observations behind ratio, up to 64
-	sessions map[string]int
+	// hold is the learned mean time a token of KV is held, in seconds: the
+	// requests' lifetimes weighted by their tokens (decayed sums), since
+	// the long requests are the ones that hold the cache.
+	holdSum, holdWeight float64
+	ratio               float64 // learned prompt bytes per token
+	ratioN              int     // observations behind ratio, up to 64
+	sessions            map[string]int
 
 	scratch sync.Pool // *pickScratch
 }
@@ -90,6 +99,9 @@ func (c KVRouteConfig) withDefaults() KVRouteConfig {
 
 const (
 	defaultRatio   = 4.0 // bytes of prompt text per token
+	defaultOutput  = 256 // tokens expected when a request does not say
+	priorHold      = 5.0 // seconds a token of KV is held, until observed
+	holdDecay      = 1 - 1.0/256
 	maxSessions    = 1 << 17
 	tieTolerance   = 0.1   // relative: learned speeds carry noise of this order
 	tieFloor       = 0.005 // s
@@ -115,6 +127,7 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 	}
 	p.index = prefix.New(n, p.blocksFor(cfg.DefaultKVTokens))
 	p.pooled = newSpeed()
+	p.holdSum, p.holdWeight = priorHold, 1
 	for i := range p.speeds {
 		p.speeds[i] = newSpeed()
 	}
@@ -158,6 +171,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	session, hasSession := p.sessions[req.SessionKey]
 	hasSession = hasSession && req.SessionKey != ""
 	promptTokens := int(math.Ceil(float64(len(req.Prompt)) / ratio))
+	need := float64(promptTokens + max(req.MaxTokens, defaultOutput))
 	scores := make([]Score, len(cands))
 	best := -1
 	for i, b := range cands {
@@ -168,6 +182,16 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		}
 		miss := float64(promptTokens - cached)
 		ttft := sp.predict(float64(loads[i].PrefillTokens)+miss, float64(loads[i].Decoding))
+		// A request waits for KV memory when what the backend's requests
+		// hold plus what it needs exceeds the cache: until enough of them
+		// finish, at about a cache's worth per mean holding time.
+		kv := float64(p.cfg.DefaultKVTokens)
+		if info := b.Info(); info != nil && info.KVTokens() > 0 {
+			kv = float64(info.KVTokens())
+		}
+		if excess := float64(loads[i].DecodeTokens) + need - kv; excess > 0 {
+			ttft += excess / kv * (p.holdSum / p.holdWeight)
+		}
 		cost := ttft + p.cfg.MissPenalty*miss/sp.rate
 		if float64(loads[i].Requests+1) > bound {
 			cost = math.Inf(1) // over the load bound: only if all are
@@ -273,6 +297,11 @@ func (p *KVRoute) Observe(o Outcome) {
 		r := float64(len(o.Request.Prompt)) / float64(o.PromptTokens)
 		p.ratioN = min(p.ratioN+1, 64)
 		p.ratio += (r - p.ratio) / float64(p.ratioN)
+	}
+	if o.Latency > 0 {
+		w := float64(o.PromptTokens + max(o.CompletionTokens, 0))
+		p.holdSum = p.holdSum*holdDecay + w*o.Latency.Seconds()
+		p.holdWeight = p.holdWeight*holdDecay + w
 	}
 	if o.CachedTokens >= 0 && o.TTFT > 0 {
 		work := float64(o.Decision.QueuedTokens + o.PromptTokens - o.CachedTokens)

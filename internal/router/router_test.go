@@ -302,3 +302,25 @@ func TestKVRouteForgetsPromptOfFailedRequest(t *testing.T) {
 		t.Errorf("the index still holds %d blocks of a prompt the backend never saw", n)
 	}
 }
+
+func TestKVRouteWaitsForKVMemory(t *testing.T) {
+	bs := backends(2) // 400k tokens of KV each
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	prompt := words(0, 40_000) // about 10k tokens
+	d := pick(t, p, &Request{Prompt: prompt}, bs)
+	cached := d.Backend
+	other := bs[1-cached.Index]
+	// The cached backend's requests need 600k tokens of KV, 200k more than
+	// it has (nothing queued for prefill: they wait for memory, not for
+	// compute): the prompt would wait for a third of the cache to drain.
+	f := cached.Start(0, 600_000)
+	f.FirstToken()
+	if d := pick(t, p, &Request{Prompt: prompt, MaxTokens: 500}, bs); d.Backend != other {
+		t.Errorf("went to %s (%s) although its KV is oversubscribed; cost %+v", d.Backend.Name, d.Reason, d.Scores)
+	}
+	f.Done()
+	// With room again, the prefix wins.
+	if d := pick(t, p, &Request{Prompt: prompt, MaxTokens: 500}, bs); d.Backend != cached {
+		t.Errorf("with free KV the cached prefix should win, went to %s", d.Backend.Name)
+	}
+}
