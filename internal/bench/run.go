@@ -199,7 +199,8 @@ func (s *loadSampler) stop() []BackendSeries {
 
 // searchGoodput finds the highest arrival rate (the workload's arrivals
 // sped up or slowed down) at which the policy's p99 TTFT stays under
-// cfg.Goodput: doubling the rate until the SLO breaks, then bisecting.
+// cfg.Goodput: doubling the rate from half the workload's until the SLO
+// breaks, then bisecting twice.
 func searchGoodput(ctx context.Context, cfg Config, policy string) (*Goodput, error) {
 	sessions := cfg.Workload.Sessions
 	last := sessions[len(sessions)-1].Start
@@ -228,8 +229,11 @@ func searchGoodput(ctx context.Context, cfg Config, policy string) (*Goodput, er
 		}
 		return met, ctx.Err()
 	}
+	// Double from half the workload's own rate until the SLO breaks; if it
+	// breaks even there, report no goodput rather than crawl down to rates
+	// that take ever longer to replay.
 	lo, hi := 0.0, 0.0
-	for speed := 0.25; speed <= 64; speed *= 2 {
+	for speed := 0.5; speed <= 64; speed *= 2 {
 		met, err := trial(speed)
 		if err != nil {
 			return g, err
@@ -240,14 +244,11 @@ func searchGoodput(ctx context.Context, cfg Config, policy string) (*Goodput, er
 		}
 		lo = speed
 	}
-	if hi == 0 {
-		return g, nil // met even at 64×
+	if hi == 0 || lo == 0 {
+		return g, nil // met even at 64×, or not even at half the rate
 	}
-	for range 3 {
+	for range 2 {
 		mid := (lo + hi) / 2
-		if lo == 0 {
-			mid = hi / 2
-		}
 		met, err := trial(mid)
 		if err != nil {
 			return g, err
