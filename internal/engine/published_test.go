@@ -72,7 +72,8 @@ func TestPublishedFigures(t *testing.T) {
 
 // TestPrintLatencyTable prints the model's TTFT for a lone request by prompt
 // length and its decode step time by batch size and context, the tables of
-// docs/engine-model.md (go test ./internal/engine -run LatencyTable -v).
+// docs/engine-model.md (go test ./internal/engine -run LatencyTable -v), and
+// checks that both grow with the work.
 func TestPrintLatencyTable(t *testing.T) {
 	for _, name := range ProfileNames() {
 		p, err := LookupProfile(name)
@@ -80,12 +81,18 @@ func TestPrintLatencyTable(t *testing.T) {
 			t.Fatal(err)
 		}
 		line := name + " TTFT:"
+		var last time.Duration
 		for _, in := range []int{128, 1024, 2048, 8192, 32768, 100_000} {
 			_, ttft, _ := batchLatency(t, p, 1, in, 1)
 			line += fmt.Sprintf(" %d→%v", in, ttft.Round(100*time.Microsecond))
+			if ttft <= last {
+				t.Errorf("%s: TTFT of %d tokens (%v) not above the shorter prompt's (%v)", name, in, ttft, last)
+			}
+			last = ttft
 		}
 		t.Log(line)
 		for _, ctx := range []int{1000, 8000} {
+			last = 0
 			line = fmt.Sprintf("%s decode step (%d context):", name, ctx)
 			for _, n := range []int{1, 8, 32, 64, 128, 256} {
 				if n*ctx > p.Blocks()*p.BlockSize {
@@ -95,7 +102,12 @@ func TestPrintLatencyTable(t *testing.T) {
 				for range n {
 					w.AddChunk(ctx-1, ctx)
 				}
-				line += fmt.Sprintf(" %d→%v", n, p.StepTime(w).Round(10*time.Microsecond))
+				step := p.StepTime(w)
+				line += fmt.Sprintf(" %d→%v", n, step.Round(10*time.Microsecond))
+				if step <= last {
+					t.Errorf("%s: a decode step of %d sequences (%v) not above a smaller batch's (%v)", name, n, step, last)
+				}
+				last = step
 			}
 			t.Log(line)
 		}
