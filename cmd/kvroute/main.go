@@ -26,6 +26,7 @@ type command struct {
 var commands = []command{
 	{"serve", "route OpenAI API requests to a fleet of inference servers (the router)", runServe},
 	{"bench", "play a workload through every policy on an emulated fleet and report side by side", runBench},
+	{"sim", "simulate a fleet and its router replicas in virtual time: policies at scale, capacity planning", runSim},
 	{"demo", "compare round-robin and kvroute on an emulated fleet, in this process", runDemo},
 	{"emulate", "serve emulated vLLM servers (OpenAI API, vLLM metrics) driven by the engine model", runEmulate},
 }

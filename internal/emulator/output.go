@@ -72,10 +72,15 @@ func contextTooLong(limit, prompt, output int, what string) *apiError {
 
 // outputSeed derives the seed of a request's output from the server's seed
 // and the prompt, so that an equal prompt gets an equal reply.
-func (s *Server) outputSeed(prompt []int32) uint64 {
+func (s *Server) outputSeed(prompt []int32) uint64 { return ReplySeed(s.seed, prompt) }
+
+// ReplySeed is the seed of the reply a server with seed serverSeed gives to
+// prompt: tokenizer.Generate(ReplySeed(seed, prompt), n) is its reply of n
+// tokens. The fleet simulator uses it to give the replies an emulator would.
+func ReplySeed(serverSeed uint64, prompt []int32) uint64 {
 	var d xxhash.Digest
 	var buf [4 * 256]byte
-	binary.LittleEndian.PutUint64(buf[:8], s.seed)
+	binary.LittleEndian.PutUint64(buf[:8], serverSeed)
 	_, _ = d.Write(buf[:8])
 	for len(prompt) > 0 {
 		n := min(len(prompt), len(buf)/4)

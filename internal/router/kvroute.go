@@ -155,7 +155,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	}
 	s := p.scratch.Get().(*pickScratch)
 	defer p.scratch.Put(s)
-	s.hashes = prefix.Hash(s.hashes[:0], req.Prompt, p.cfg.BlockBytes)
+	s.hashes = req.prefixHashes(s.hashes[:0], p.cfg.BlockBytes)
 	longest := p.index.Match(s.hashes, s.matched)
 
 	var total int64
@@ -170,7 +170,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	ratio := p.ratio
 	session, hasSession := p.sessions[req.SessionKey]
 	hasSession = hasSession && req.SessionKey != ""
-	promptTokens := int(math.Ceil(float64(len(req.Prompt)) / ratio))
+	promptTokens := req.promptTokens(ratio)
 	need := float64(promptTokens + max(req.MaxTokens, defaultOutput))
 	scores := make([]Score, len(cands))
 	best := -1

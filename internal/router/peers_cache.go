@@ -81,10 +81,10 @@ func (x *blockIndex) capacityOf(b *fleet.Backend) int {
 	return x.capacity[b.Index]
 }
 
-// match hashes prompt into s.hashes, sets s.matched to every backend's
-// matched leading blocks and returns the longest match.
-func (x *blockIndex) match(s *blockScratch, prompt string) int {
-	s.hashes = prefix.Hash(s.hashes[:0], prompt, peerBlockBytes)
+// match hashes req's prompt into s.hashes, sets s.matched to every
+// backend's matched leading blocks and returns the longest match.
+func (x *blockIndex) match(s *blockScratch, req *Request) int {
+	s.hashes = req.prefixHashes(s.hashes[:0], peerBlockBytes)
 	return x.index.Match(s.hashes, s.matched)
 }
 

@@ -65,8 +65,8 @@ func (p *DynamoKV) Pick(req *Request, cands []*fleet.Backend) (Decision, error) 
 	}
 	s := p.index.get()
 	defer p.index.put(s)
-	p.index.match(s, req.Prompt)
-	prompt := promptTokens(req.Prompt)
+	p.index.match(s, req)
+	prompt := promptTokens(req)
 
 	scores := make([]Score, len(cands))
 	loads := make([]fleet.Load, len(cands))

@@ -99,8 +99,8 @@ func (p *LLMDDefault) Pick(req *Request, cands []*fleet.Backend) (Decision, erro
 	}
 	s := p.index.get()
 	defer p.index.put(s)
-	p.index.match(s, req.Prompt)
-	prompt := promptTokens(req.Prompt)
+	p.index.match(s, req)
+	prompt := promptTokens(req)
 
 	sig := make([]llmdSignals, len(cands))
 	lo, hi := 0.0, 0.0

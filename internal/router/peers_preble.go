@@ -74,8 +74,8 @@ func (p *PrebleE2) Pick(req *Request, cands []*fleet.Backend) (Decision, error) 
 	}
 	s := p.index.get()
 	defer p.index.put(s)
-	p.index.match(s, req.Prompt)
-	prompt := promptTokens(req.Prompt)
+	p.index.match(s, req)
+	prompt := promptTokens(req)
 
 	loads := make([]fleet.Load, len(cands))
 	work := make([]float64, len(cands))

@@ -6,9 +6,11 @@ package router
 
 import (
 	"errors"
+	"math"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/prefix"
 )
 
 // ErrNoBackend means no backend can take the request; the proxy answers 503.
@@ -42,6 +44,47 @@ type Request struct {
 	Prompt string
 	// MaxTokens is the requested output length; 0 when not given.
 	MaxTokens int
+
+	// The fields below are optional facts that a caller who has tokenized
+	// the prompt (the fleet simulator) may give, so that policies need not
+	// estimate the length from Prompt or hash its text. The proxy leaves
+	// them zero.
+
+	// PromptTokens, when positive, is the prompt's exact length in tokens.
+	PromptTokens int
+	// TokenBlocks, when not nil, are the chained hashes of the prompt's
+	// full blocks of TokenBlockSize tokens (as engine.HashTokens makes
+	// them): equal hashes mean equal prompts up to the end of that block.
+	// A policy's prefix index uses them instead of hashing Prompt.
+	TokenBlocks    []uint64
+	TokenBlockSize int
+}
+
+// prefixHashes appends to dst the hashes a prefix index with blocks of
+// blockBytes bytes of prompt text uses for req: from TokenBlocks when the
+// caller gave them (every k-th, k blocks of TokenBlockSize tokens making
+// blockBytes bytes at defaultRatio bytes a token: the k-th chained hash
+// names the whole prefix up to its end), else hashed from Prompt.
+func (req *Request) prefixHashes(dst []uint64, blockBytes int) []uint64 {
+	if req.TokenBlocks != nil && req.TokenBlockSize > 0 {
+		k := int(float64(blockBytes)/defaultRatio) / req.TokenBlockSize
+		if k >= 1 && float64(k*req.TokenBlockSize)*defaultRatio == float64(blockBytes) {
+			for i := k - 1; i < len(req.TokenBlocks); i += k {
+				dst = append(dst, req.TokenBlocks[i])
+			}
+			return dst
+		}
+	}
+	return prefix.Hash(dst, req.Prompt, blockBytes)
+}
+
+// promptTokens returns PromptTokens when the caller gave it, else Prompt's
+// length at ratio bytes a token.
+func (req *Request) promptTokens(ratio float64) int {
+	if req.PromptTokens > 0 {
+		return req.PromptTokens
+	}
+	return int(math.Ceil(float64(len(req.Prompt)) / ratio))
 }
 
 // Decision is a policy's choice and its explanation.

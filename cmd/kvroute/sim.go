@@ -1,0 +1,208 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/shareddata"
+	"github.com/kvroute/kvroute/internal/sim"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// simFlags is what the sim flags decide.
+type simFlags struct {
+	cfg  sim.Config
+	out  string
+	find sim.FindConfig
+	// cpuProfile, when set, is where a CPU profile of the run goes.
+	cpuProfile string
+}
+
+// parseSimFlags parses the sim subcommand's flags and loads the workload.
+func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
+	fs := flag.NewFlagSet("kvroute sim", flag.ContinueOnError)
+	fs.SetOutput(output)
+	var (
+		sf          simFlags
+		spec        string
+		policies    string
+		profileName string
+		opts        workload.Options
+		kvBlocks    int
+		findBackend bool
+	)
+	fs.StringVar(&spec, "workload", "chat", "workload: "+strings.Join(workload.Specs(), ", "))
+	fs.IntVar(&sf.cfg.Backends, "backends", 8, "simulated servers")
+	fs.IntVar(&sf.cfg.Routers, "routers", 1, "router replicas behind a random L4 split, each with its own policy state")
+	fs.StringVar(&policies, "policies", "kvroute,round-robin,least-request,session-hash", "policies to compare, comma-separated, or all: "+strings.Join(router.Names(), ", "))
+	fs.Float64Var(&opts.Rate, "rate", 0, "arrival rate, sessions (or requests) per second (0: the workload's default or the trace's timestamps)")
+	fs.IntVar(&sf.cfg.Users, "users", 0, "closed loop with this many users instead of open-loop arrivals")
+	fs.DurationVar(&opts.Duration, "duration", 0, "span of arrivals (for traces: the part replayed, in trace time); 0: the workload's default or the whole trace")
+	fs.Float64Var(&opts.Compress, "compress", 1, "traces: divide timestamps by this (4: four times the trace's rate)")
+	fs.IntVar(&sf.cfg.Tile, "tile", 1, "traces: replay this many copies at once, each with its own sessions and prompts (a bigger fleet's traffic)")
+	fs.Uint64Var(&opts.Seed, "seed", 1, "seed of the workload, the replies, the policies and the router split")
+	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile of the servers: "+strings.Join(engine.ProfileNames(), ", "))
+	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV blocks per server (default: the profile's)")
+	fs.DurationVar(&sf.cfg.Scrape, "scrape-interval", time.Second, "how often each router replica reads the servers' metrics")
+	fs.BoolVar(&sf.cfg.Text, "text", false, "traces: render prompts as text and tokenize them, as the live bench does (slower)")
+	fs.IntVar(&sf.cfg.KeepRequests, "keep-requests", 100_000, "per-request results kept in results.json (an even sample beyond; -1: all)")
+	fs.DurationVar(&sf.find.SLO, "slo-ttft-p99", 0, "p99 TTFT objective for --find-backends (e.g. 2s)")
+	fs.BoolVar(&findBackend, "find-backends", false, "find, per policy, the smallest fleet whose p99 TTFT meets --slo-ttft-p99")
+	fs.IntVar(&sf.find.Max, "max-backends", 4096, "--find-backends: the largest fleet tried")
+	fs.StringVar(&sf.out, "out", "", "directory for results.json and report.html (default out/sim-WORKLOAD)")
+	fs.StringVar(&sf.cpuProfile, "cpuprofile", "", "write a CPU profile of the simulation to this file")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: kvroute sim [flags]\n\n"+
+			"Simulates a fleet of inference servers (the engine model of `kvroute emulate`) and router\n"+
+			"replicas (the real policy code) in virtual time, replays a workload through each policy and\n"+
+			"reports what `kvroute bench` reports. With --find-backends --slo-ttft-p99 D it finds each\n"+
+			"policy's smallest fleet that meets the objective instead.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return sf, err
+	}
+	if fs.NArg() > 0 {
+		return sf, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	switch {
+	case sf.cfg.Backends < 1:
+		return sf, fmt.Errorf("--backends must be at least 1, got %d", sf.cfg.Backends)
+	case sf.cfg.Routers < 1:
+		return sf, fmt.Errorf("--routers must be at least 1, got %d", sf.cfg.Routers)
+	case sf.cfg.Tile < 1:
+		return sf, fmt.Errorf("--tile must be at least 1, got %d", sf.cfg.Tile)
+	case opts.Rate < 0 || opts.Compress <= 0 || sf.cfg.Users < 0 || opts.Duration < 0:
+		return sf, errors.New("--rate, --users and --duration must not be negative, --compress must be positive")
+	case findBackend && sf.find.SLO <= 0:
+		return sf, errors.New("--find-backends needs --slo-ttft-p99")
+	case !findBackend && sf.find.SLO > 0:
+		return sf, errors.New("--slo-ttft-p99 is the objective of --find-backends: give both")
+	case sf.find.Max < 1:
+		return sf, fmt.Errorf("--max-backends must be at least 1, got %d", sf.find.Max)
+	}
+	p, err := engine.LookupProfile(profileName)
+	if err != nil {
+		return sf, err
+	}
+	if kvBlocks > 0 {
+		p.NumGPUBlocks = kvBlocks
+	}
+	sf.cfg.Profile = p
+	if policies == "all" {
+		policies = strings.Join(router.Names(), ",")
+	}
+	for _, name := range strings.Split(policies, ",") {
+		name = strings.TrimSpace(name)
+		if _, err := router.New(name, nil, router.Options{}); err != nil {
+			return sf, err
+		}
+		sf.cfg.Policies = append(sf.cfg.Policies, name)
+	}
+	if spec == "multiturn" {
+		path, err := shareddata.Path(workload.DefaultMTBench)
+		if err != nil {
+			return sf, fmt.Errorf("multiturn: %w (or give multiturn:PATH)", err)
+		}
+		spec += ":" + path
+	}
+	sf.cfg.Seed = opts.Seed
+	if sf.cfg.Workload, err = workload.Load(spec, opts); err != nil {
+		return sf, err
+	}
+	if sf.out == "" {
+		name, _, _ := strings.Cut(spec, ":")
+		sf.out = filepath.Join("out", "sim-"+name)
+	}
+	return sf, nil
+}
+
+func runSim(args []string, stdout, stderr io.Writer) int {
+	sf, err := parseSimFlags(args, stderr)
+	if code, ok := flagsDone("sim", err, stderr); !ok {
+		return code
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	if sf.cpuProfile != "" {
+		f, err := os.Create(sf.cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvroute sim: %v\n", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "kvroute sim: %v\n", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
+	cfg := sf.cfg
+	cfg.Progress = stderr
+	started := time.Now()
+	if sf.find.SLO > 0 {
+		fmt.Fprintf(stdout, "kvroute sim --find-backends: %s\n%s servers, %d router replica(s); p99 TTFT objective %v; policies %s\n\n",
+			cfg.Workload.Description, cfg.Profile.Name, cfg.Routers, sf.find.SLO, strings.Join(cfg.Policies, ", "))
+		cfg.Progress = nil
+		res, err := sim.FindBackends(ctx, cfg, sf.find, func(policy string, n int, p99 time.Duration, met bool) {
+			mark := "✗"
+			if met {
+				mark = "✓"
+			}
+			fmt.Fprintf(stderr, "  %-20s %5d servers: p99 TTFT %8.0f ms %s\n", policy, n, float64(p99)/float64(time.Millisecond), mark)
+		})
+		if err != nil {
+			fmt.Fprintf(stderr, "kvroute sim: %v\n", err)
+			return 1
+		}
+		sim.WriteFindTable(stdout, res, sf.find.SLO)
+		fmt.Fprintf(stdout, "\n(%v of wall time)\n", time.Since(started).Round(time.Millisecond))
+		return 0
+	}
+	fmt.Fprintf(stdout, "kvroute sim: %s\n%d × %s, %d router replica(s), virtual time; policies %s\n\n",
+		cfg.Workload.Description, cfg.Backends, cfg.Profile.Name, cfg.Routers, strings.Join(cfg.Policies, ", "))
+	rep, stats, err := sim.RunStats(ctx, cfg)
+	if rep != nil && len(rep.Runs) > 0 {
+		if werr := writeReport(stdout, rep, sf.out); werr != nil {
+			fmt.Fprintf(stderr, "kvroute sim: %v\n", werr)
+			return 1
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute sim: %v\n", err)
+		return 1
+	}
+	fmt.Fprintln(stdout)
+	for i, st := range stats {
+		fmt.Fprintf(stdout, "%-20s %v simulated in %v of wall time (%d events, %d engine steps)\n",
+			rep.Runs[i].Policy, st.Virtual.Round(time.Second), st.Wall.Round(time.Millisecond), st.Events, st.Steps)
+	}
+	fmt.Fprintf(stdout, "(%v of wall time in all; peak resident memory %s)\n",
+		time.Since(started).Round(time.Millisecond), peakRSS())
+	return 0
+}
+
+// peakRSS reports the process's peak resident memory (Linux's VmHWM), or
+// the memory the Go runtime holds from the OS where that is not available.
+func peakRSS() string {
+	if data, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return fmt.Sprintf("%d MiB held from the OS", ms.Sys>>20)
+}

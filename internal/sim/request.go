@@ -1,0 +1,298 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/bench"
+	"github.com/kvroute/kvroute/internal/emulator"
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/tokenizer"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// flight is one request from the moment a router replica routes it until its
+// last token: what the proxy's attempt and the client's call hold between
+// them.
+type flight struct {
+	req     engine.Request // ID is the flight's index in simulation.flights
+	rreq    router.Request
+	d       router.Decision
+	fl      *fleet.Flight
+	session int32
+	replica int32
+	sent    time.Duration
+	first   time.Duration
+	reply   string // text mode: the reply the client appends to its next turn
+	hashes  []uint64
+}
+
+// convo is a session's conversation so far, in text mode: the messages as
+// the emulator tokenizes them, and the canonical prompt the proxy renders for
+// the router (role, newline, content, newline, for every message).
+type convo struct {
+	msgs []tokenizer.Message
+	text []byte
+}
+
+func newConvo(s *workload.Session) *convo {
+	c := &convo{}
+	if s.System != "" {
+		c.add("system", s.System)
+	}
+	return c
+}
+
+func (c *convo) add(role, content string) {
+	c.msgs = append(c.msgs, tokenizer.Message{Role: role, Content: content})
+	c.text = append(c.text, role...)
+	c.text = append(c.text, '\n')
+	c.text = append(c.text, content...)
+	c.text = append(c.text, '\n')
+}
+
+// tokenMode reports whether cfg's workload runs without text: every session
+// a single turn described by block ids, with no system prompt (the traces
+// and mixed), and text not asked for.
+func tokenMode(cfg Config) bool {
+	if cfg.Text {
+		return false
+	}
+	for i := range cfg.Workload.Sessions {
+		s := &cfg.Workload.Sessions[i]
+		if s.System != "" || len(s.Turns) != 1 || s.Turns[0].Blocks == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// sessionOrder lists the sessions of the (tiled) workload by start time. A
+// tile's copy of a session starts at the same time shifted by a fraction of
+// the gap to the next session, so that copies do not arrive in lockstep.
+func sessionOrder(cfg Config) []sessionRef {
+	ss := cfg.Workload.Sessions
+	out := make([]sessionRef, 0, len(ss)*cfg.Tile)
+	for t := range cfg.Tile {
+		for i := range ss {
+			start := ss[i].Start
+			if t > 0 && i+1 < len(ss) {
+				gap := ss[i+1].Start - start
+				start += time.Duration(float64(gap) * float64(t) / float64(cfg.Tile))
+			}
+			out = append(out, sessionRef{start: start, base: int32(i), tile: int32(t)})
+		}
+	}
+	slices.SortStableFunc(out, func(a, b sessionRef) int {
+		switch {
+		case a.start < b.start:
+			return -1
+		case a.start > b.start:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// newFlight takes a free flight.
+func (s *simulation) newFlight() *flight {
+	if n := len(s.free); n > 0 {
+		id := s.free[n-1]
+		s.free = s.free[:n-1]
+		f := s.flights[id]
+		f.req = engine.Request{ID: uint64(id)}
+		return f
+	}
+	f := &flight{req: engine.Request{ID: uint64(len(s.flights))}}
+	s.flights = append(s.flights, f)
+	return f
+}
+
+func (s *simulation) release(f *flight) {
+	f.rreq, f.d, f.fl, f.reply = router.Request{}, router.Decision{}, nil, ""
+	s.free = append(s.free, int32(f.req.ID))
+}
+
+// errTooLong is what a request longer than the model's context gets, as the
+// emulator's 400 answer.
+var errTooLong = errors.New("status 400: request longer than the model's context")
+
+// send sends the current turn of session i: a router replica picks a server,
+// the replica counts the request there, the server queues it.
+func (s *simulation) send(i int) {
+	ss := &s.sessions[i]
+	ref := s.order[i]
+	ws := &s.cfg.Workload.Sessions[ref.base]
+	turn := &ws.Turns[ss.turn]
+	f := s.newFlight()
+	f.session, f.sent = int32(i), s.now
+	bs := s.cfg.Profile.BlockSize
+	if s.text {
+		ss.conv.add(turn.MessageRole(), turn.Text())
+		s.tokBuf = tokenizer.EncodeChat(s.tokBuf[:0], ss.conv.msgs, true)
+		promptLen := len(s.tokBuf)
+		ids, pieces := tokenizer.Generate(emulator.ReplySeed(s.cfg.Seed, s.tokBuf), turn.MaxTokens)
+		f.reply = strings.Join(pieces, "")
+		s.tokBuf = append(s.tokBuf, ids...)
+		f.hashes = engine.HashTokens(f.hashes[:0], s.tokBuf, bs)
+		f.req.PromptLen, f.req.MaxTokens = promptLen, turn.MaxTokens
+		f.rreq = router.Request{Endpoint: router.EndpointChat, Model: s.cfg.Profile.Model,
+			SessionKey: ws.ID, Prompt: string(ss.conv.text), MaxTokens: turn.MaxTokens}
+	} else {
+		f.hashes = tokenHashes(f.hashes[:0], turn, ref.tile, bs)
+		f.req.PromptLen, f.req.MaxTokens = turn.Tokens, turn.MaxTokens
+		key := ws.ID
+		if s.cfg.Tile > 1 {
+			key = fmt.Sprintf("%s/%d", ws.ID, ref.tile)
+		}
+		f.rreq = router.Request{Endpoint: router.EndpointChat, Model: s.cfg.Profile.Model,
+			SessionKey: key, MaxTokens: turn.MaxTokens, PromptTokens: turn.Tokens,
+			TokenBlocks: f.hashes[:min(len(f.hashes), turn.Tokens/bs)], TokenBlockSize: bs}
+	}
+	f.req.BlockHashes = f.hashes
+
+	f.replica = 0
+	if len(s.replicas) > 1 {
+		f.replica = int32(s.split.IntN(len(s.replicas)))
+	}
+	rep := s.replicas[f.replica]
+	d, err := rep.policy.Pick(&f.rreq, rep.backends)
+	if err == nil && d.Backend == nil {
+		err = errors.New("the policy chose no backend")
+	}
+	if err != nil {
+		s.fail(f, nil, 0, err)
+		return
+	}
+	f.d = d
+	f.fl = d.Backend.Start(d.PromptTokens-d.PrefixTokens, d.PromptTokens+d.OutputTokens)
+	sv := &s.servers[d.Backend.Index]
+	if f.req.PromptLen+f.req.MaxTokens > s.cfg.Profile.MaxModelLen {
+		s.fail(f, rep, http.StatusBadRequest, errTooLong)
+		return
+	}
+	if err := sv.eng.Add(s.now, &f.req); err != nil {
+		s.fail(f, rep, http.StatusBadRequest, fmt.Errorf("status 400: %w", err))
+		return
+	}
+	s.live++
+	if !sv.stepping {
+		sv.stepping = true
+		s.q.push(s.now, evStepStart, int32(d.Backend.Index))
+	}
+}
+
+// tokenHashes appends the engine block hashes of a block-described turn:
+// the prompt's from its block ids (offset per tile, so that copies share
+// nothing), then the reply's, chained on, so that the reply takes cache
+// space as it does in the emulator. Equal prompts get equal replies there
+// too, so the reply's hashes depend only on the prompt.
+func tokenHashes(dst []uint64, t *workload.Turn, tile int32, blockSize int) []uint64 {
+	ids := t.Blocks
+	if tile > 0 {
+		salted := make([]uint64, len(ids))
+		for j, id := range ids {
+			salted[j] = id ^ uint64(tile)<<48 ^ 0x5d1e00000000
+		}
+		ids = salted
+	}
+	dst = engine.HashBlockIDs(dst, ids, t.BlockTokens, t.Tokens, blockSize)
+	if len(dst) < t.Tokens/blockSize || len(dst) == 0 {
+		return dst // the ids do not cover the prompt: nothing to chain on
+	}
+	parent := dst[len(dst)-1]
+	for j := len(dst); (j+1)*blockSize <= t.Tokens+t.MaxTokens; j++ {
+		parent = engine.ChainHash(parent, 0x7265706c79<<24^uint64(j))
+		dst = append(dst, parent)
+	}
+	return dst
+}
+
+// fail ends a request that never ran: no backend, or one that refused it.
+func (s *simulation) fail(f *flight, rep *replica, status int, err error) {
+	i := int(f.session)
+	ss := &s.sessions[i]
+	res := bench.Result{Session: int(s.order[i].base), Turn: int(ss.turn), Status: status,
+		Heavy: s.turnOf(i).Heavy, Sent: f.sent, Err: err, Error: err.Error()}
+	if f.fl != nil {
+		f.fl.Done()
+		res.Backend, res.Route = f.d.Backend.Name, f.d.Reason
+		if rep.learner != nil {
+			rep.learner.Observe(router.Outcome{Request: &f.rreq, Decision: f.d, Status: status,
+				PromptTokens: -1, CachedTokens: -1, CompletionTokens: -1})
+		}
+	}
+	s.record(res)
+	s.release(f)
+	s.endSession(i) // the conversation cannot go on without its reply
+}
+
+// finish ends a request whose last token came at s.now: the replica
+// releases its load and learns the outcome, the client records it and sends
+// the session's next turn after its think time.
+func (s *simulation) finish(f *flight) {
+	s.live--
+	f.fl.Done()
+	r := &f.req
+	ttft, e2e := f.first-f.sent, s.now-f.sent
+	rep := s.replicas[f.replica]
+	if rep.learner != nil {
+		rep.learner.Observe(router.Outcome{Request: &f.rreq, Decision: f.d, Status: http.StatusOK,
+			PromptTokens: r.PromptLen, CachedTokens: r.CachedTokens, CompletionTokens: r.Output,
+			TTFT: ttft, Latency: e2e, Tokens: r.Output})
+	}
+	i := int(f.session)
+	ss := &s.sessions[i]
+	res := bench.Result{
+		Session: int(s.order[i].base), Turn: int(ss.turn), Heavy: s.turnOf(i).Heavy,
+		Backend: f.d.Backend.Name, Route: f.d.Reason, Status: http.StatusOK,
+		Sent: f.sent, TTFT: ttft, E2E: e2e, ServerTTFT: r.FirstToken - r.Arrival,
+		PromptTokens: r.PromptLen, CachedTokens: r.CachedTokens, CompletionTokens: r.Output,
+	}
+	if r.Output > 1 {
+		res.ITL = (e2e - ttft) / time.Duration(r.Output-1)
+	}
+	if s.bounds {
+		n := min(len(f.hashes), r.PromptLen/s.cfg.Profile.BlockSize)
+		res.PromptBlocks = slices.Clone(f.hashes[:n])
+		res.SequenceBlocks = slices.Clone(f.hashes)
+	}
+	s.record(res)
+	if ss.conv != nil {
+		ss.conv.add("assistant", f.reply)
+	}
+	s.release(f)
+	ss.turn++
+	if int(ss.turn) < len(s.cfg.Workload.Sessions[ss.base].Turns) {
+		s.q.push(s.now+s.turnOf(i).Think, evSend, int32(i))
+	} else {
+		s.endSession(i)
+	}
+}
+
+func (s *simulation) record(r bench.Result) {
+	s.results = append(s.results, r)
+	if s.progress != nil {
+		s.progress()
+	}
+}
+
+// sortByBusy orders idx by the backends' busy time, busiest first.
+func sortByBusy(idx []int, bs []bench.BackendSeries) {
+	slices.SortStableFunc(idx, func(a, b int) int {
+		switch {
+		case bs[a].Busy > bs[b].Busy:
+			return -1
+		case bs[a].Busy < bs[b].Busy:
+			return 1
+		}
+		return 0
+	})
+}

@@ -1,0 +1,512 @@
+// Package sim is the fleet simulator (`kvroute sim`): a discrete-event
+// simulation, in virtual time, of a fleet of inference servers and of the
+// router replicas in front of them, replaying the workloads of `kvroute
+// bench`.
+//
+// Every server is an unchanged engine.Engine, the model the emulator serves;
+// every router replica is an unchanged router.Policy, driven the way the
+// proxy drives it: Pick, fleet.Backend.Start, Flight.FirstToken at the first
+// token, Flight.Done and Learner.Observe at the end. Only the clock differs:
+// instead of sleeping for a step's modelled duration, the simulator jumps to
+// the moment the next thing happens. So what it says about a policy at a
+// scale no machine here can emulate is about that policy's code.
+//
+// See docs/simulator.md for the event model and what is not modelled.
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/kvroute/kvroute/internal/bench"
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// Config configures a simulation. Times are virtual (model) time.
+type Config struct {
+	// Workload is played once per policy, identically.
+	Workload workload.Workload
+	// Backends is the number of servers; Profile their engine profile.
+	Backends int
+	Profile  engine.Profile
+	// Routers is the number of router replicas (default 1). Each request
+	// goes to one of them uniformly at random, as behind an L4 balancer;
+	// each has its own policy instance, prefix index and in-flight counts.
+	Routers int
+	// Policies are router policy names (router.Names()).
+	Policies []string
+	// Users, when positive, plays the workload closed loop with that many
+	// users instead of at its arrival times.
+	Users int
+	// Seed seeds the policies, the replies and the router split; the
+	// first replica's policy gets Seed itself, as `kvroute bench` gives it.
+	Seed uint64
+	// Sample is the interval of the per-backend load samples (default 1 s).
+	Sample time.Duration
+	// Scrape is how often each replica reads every server's metrics
+	// (default 1 s, as `kvroute serve`); metrics older than 3 scrapes are
+	// stale, as in fleet.Fleet.
+	Scrape time.Duration
+	// Text renders every prompt as text and tokenizes it, as the live bench
+	// and the emulator do, even for trace workloads that describe prompts
+	// by block ids. Without it such workloads run in token mode: block
+	// hashes straight from the ids, no text (see docs/simulator.md).
+	Text bool
+	// Tile replays the workload this many times at once (default 1), each
+	// copy with its own sessions and block ids: a bigger fleet's traffic
+	// from one trace. Token mode only.
+	Tile int
+	// KeepRequests bounds the per-request results kept in each Run (an
+	// evenly spaced sample beyond it; the summary counts them all). Zero
+	// means 100,000; negative keeps all.
+	KeepRequests int
+	// BoundsLimit is the largest workload, in requests, for which the cache
+	// bounds are computed (they need every block of the run in memory).
+	// Zero means 200,000; negative never.
+	BoundsLimit int
+	// Progress receives a progress bar per policy; nil shows none.
+	Progress io.Writer
+}
+
+// Stats describe the simulator's own work in one run.
+type Stats struct {
+	// Events is the number of events processed; Steps the engine steps.
+	Events, Steps int64
+	// Virtual is the virtual time simulated; Wall the time it took.
+	Virtual, Wall time.Duration
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Routers <= 0 {
+		c.Routers = 1
+	}
+	if c.Sample <= 0 {
+		c.Sample = time.Second
+	}
+	if c.Scrape <= 0 {
+		c.Scrape = time.Second
+	}
+	if c.Tile <= 0 {
+		c.Tile = 1
+	}
+	if c.KeepRequests == 0 {
+		c.KeepRequests = 100_000
+	}
+	if c.BoundsLimit == 0 {
+		c.BoundsLimit = 200_000
+	}
+	switch {
+	case c.Backends < 1:
+		return c, fmt.Errorf("sim: %d backends: need at least 1", c.Backends)
+	case len(c.Workload.Sessions) == 0:
+		return c, errors.New("sim: the workload has no sessions")
+	case c.Profile.BlockSize <= 0:
+		return c, errors.New("sim: no engine profile")
+	case c.Tile > 1 && !tokenMode(c):
+		return c, errors.New("sim: tiling needs a workload of single-turn, block-described requests (a trace or mixed) without --text")
+	}
+	return c, nil
+}
+
+// Run plays cfg.Workload through every policy, each on a fresh fleet with
+// cold caches, and returns the same report `kvroute bench` writes.
+func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
+	rep, _, err := RunStats(ctx, cfg)
+	return rep, err
+}
+
+// RunStats is Run, also returning each run's simulator statistics.
+func RunStats(ctx context.Context, cfg Config) (*bench.Report, []Stats, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, nil, err
+	}
+	rep := &bench.Report{
+		Workload:           cfg.Workload.Name,
+		Description:        cfg.Workload.Description,
+		Backends:           cfg.Backends,
+		Profile:            cfg.Profile.Name,
+		KVTokensPerBackend: cfg.Profile.Blocks() * cfg.Profile.BlockSize,
+		Seed:               cfg.Seed,
+		Created:            time.Now().UTC(),
+	}
+	if cfg.Tile > 1 {
+		rep.Description = fmt.Sprintf("%s, tiled %d× (%d requests)", rep.Description, cfg.Tile, cfg.Tile*cfg.Workload.Requests())
+	}
+	var stats []Stats
+	for i, policy := range cfg.Policies {
+		withBounds := i == 0 && cfg.BoundsLimit > 0 && cfg.Tile*cfg.Workload.Requests() <= cfg.BoundsLimit
+		run, st, err := simulate(ctx, cfg, policy, withBounds)
+		if err != nil {
+			return rep, stats, fmt.Errorf("%s: %w", policy, err)
+		}
+		if withBounds {
+			rep.Bounds = bench.CacheBounds(run.Requests, cfg.Profile.BlockSize, cfg.Backends*cfg.Profile.Blocks())
+			for j := range run.Requests {
+				run.Requests[j].PromptBlocks, run.Requests[j].SequenceBlocks = nil, nil
+			}
+		}
+		run.Requests = sampleResults(run.Requests, cfg.KeepRequests)
+		rep.Runs = append(rep.Runs, *run)
+		stats = append(stats, st)
+	}
+	return rep, stats, nil
+}
+
+// sampleResults keeps at most keep results, evenly spaced, in order.
+func sampleResults(rs []bench.Result, keep int) []bench.Result {
+	if keep < 0 || len(rs) <= keep {
+		return rs
+	}
+	out := make([]bench.Result, keep)
+	for i := range out {
+		out[i] = rs[i*len(rs)/keep]
+	}
+	return out
+}
+
+// simulate plays the workload through one policy on a fresh fleet.
+func simulate(ctx context.Context, cfg Config, policy string, withBounds bool) (*bench.Run, Stats, error) {
+	s, err := newSimulation(cfg, policy, withBounds)
+	if err != nil {
+		return nil, Stats{}, err
+	}
+	if cfg.Progress != nil {
+		bar := progressbar.NewOptions(cfg.Tile*cfg.Workload.Requests(),
+			progressbar.OptionSetWriter(cfg.Progress),
+			progressbar.OptionSetDescription(fmt.Sprintf("%-20s", policy)),
+			progressbar.OptionShowCount(),
+			progressbar.OptionSetWidth(30),
+			progressbar.OptionThrottle(200*time.Millisecond),
+			progressbar.OptionOnCompletion(func() { fmt.Fprintln(cfg.Progress) }),
+		)
+		s.progress = func() { bar.Add(1) }
+		defer bar.Finish()
+	}
+	start := time.Now()
+	if err := s.run(ctx); err != nil {
+		return nil, Stats{}, err
+	}
+	st := Stats{Events: s.events, Steps: s.steps, Virtual: s.now, Wall: time.Since(start)}
+	return s.report(policy), st, nil
+}
+
+// server is one simulated inference server.
+type server struct {
+	eng *engine.Engine
+	// stepping is set while a step is queued or in flight; res is the step
+	// in flight, whose effects the engine has applied and whose tokens
+	// reach the clients at res.End.
+	stepping bool
+	res      engine.StepResult
+	samples  []bench.LoadSample
+}
+
+// replica is one router replica: a policy instance with its own view of
+// the servers (its own fleet.Backend objects, so its own in-flight counts)
+// and its own copy of their scraped metrics.
+type replica struct {
+	policy   router.Policy
+	learner  router.Learner
+	backends []*fleet.Backend
+	metrics  []fleet.Metrics
+	scraped  []time.Duration // virtual time of each server's last scrape
+	hasScrap bool
+}
+
+// session is the state of one session being played.
+type session struct {
+	base int32 // index in the workload
+	tile int32
+	turn int32
+	conv *convo // text mode
+}
+
+// simulation is one policy's run.
+type simulation struct {
+	cfg      Config
+	text     bool
+	bounds   bool
+	q        queue
+	now      time.Duration
+	servers  []server
+	replicas []*replica
+	split    *rand.Rand // the L4 balancer in front of the replicas
+
+	order    []sessionRef // open loop: sessions by start time
+	next     int          // next entry of order to start
+	sessions []session
+	flights  []*flight
+	free     []int32
+	live     int // requests in flight
+	active   int // sessions started and not ended
+
+	results  []bench.Result
+	events   int64
+	steps    int64
+	progress func()
+	origin   time.Time
+	tokBuf   []int32
+}
+
+// sessionRef is one session of the (tiled) workload.
+type sessionRef struct {
+	start time.Duration
+	base  int32
+	tile  int32
+}
+
+func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, error) {
+	s := &simulation{
+		cfg:    cfg,
+		text:   !tokenMode(cfg),
+		bounds: withBounds,
+		split:  rand.New(rand.NewPCG(cfg.Seed, 0x73706c6974)),
+		origin: time.Unix(0, 0),
+	}
+	info := &fleet.Info{Models: []string{cfg.Profile.Model}, BlockSize: cfg.Profile.BlockSize, KVBlocks: cfg.Profile.Blocks()}
+	s.servers = make([]server, cfg.Backends)
+	for i := range s.servers {
+		e, err := engine.New(cfg.Profile)
+		if err != nil {
+			return nil, err
+		}
+		s.servers[i].eng = e
+	}
+	for r := range cfg.Routers {
+		rep := &replica{
+			metrics: make([]fleet.Metrics, cfg.Backends),
+			scraped: make([]time.Duration, cfg.Backends),
+		}
+		for i := range cfg.Backends {
+			b := fleet.NewBackend(i, fmt.Sprintf("gpu%d", i), nil)
+			b.SetInfo(info)
+			rep.backends = append(rep.backends, b)
+		}
+		p, err := router.New(policy, rep.backends, router.Options{
+			Seed:    cfg.Seed + uint64(r)*0x9e3779b97f4a7c15,
+			Metrics: s.metricsFunc(rep),
+		})
+		if err != nil {
+			return nil, err
+		}
+		rep.policy = p
+		rep.learner, _ = p.(router.Learner)
+		s.replicas = append(s.replicas, rep)
+	}
+	s.order = sessionOrder(cfg)
+	s.sessions = make([]session, len(s.order))
+	return s, nil
+}
+
+// metricsFunc is a replica's router.Options.Metrics: the last scrape of a
+// server, or nil when it is older than three scrape intervals.
+func (s *simulation) metricsFunc(rep *replica) func(*fleet.Backend) *fleet.Metrics {
+	return func(b *fleet.Backend) *fleet.Metrics {
+		if !rep.hasScrap || b.Index < 0 || b.Index >= len(rep.metrics) || s.now-rep.scraped[b.Index] > 3*s.cfg.Scrape {
+			return nil
+		}
+		return &rep.metrics[b.Index]
+	}
+}
+
+// run processes events until every session has ended.
+func (s *simulation) run(ctx context.Context) error {
+	if s.cfg.Users > 0 {
+		for range min(s.cfg.Users, len(s.order)) {
+			s.startNext(0)
+		}
+	} else {
+		s.q.push(s.order[0].start, evSession, 0)
+	}
+	for r := range s.replicas {
+		s.q.push(0, evScrape, int32(r))
+	}
+	s.q.push(0, evSample, 0)
+	for s.q.len() > 0 {
+		if s.events&0xffff == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		ev := s.q.pop()
+		s.events++
+		s.now = ev.at
+		switch ev.kind {
+		case evSession:
+			s.startNext(s.now)
+			if s.next < len(s.order) {
+				s.q.push(s.order[s.next].start, evSession, 0)
+			}
+		case evSend:
+			s.send(int(ev.idx))
+		case evStepStart:
+			s.step(int(ev.idx))
+		case evStepEnd:
+			s.endStep(int(ev.idx))
+		case evScrape:
+			s.scrape(int(ev.idx))
+			if !s.done() {
+				s.q.push(s.now+s.cfg.Scrape, evScrape, ev.idx)
+			}
+		case evSample:
+			s.sample()
+			if !s.done() {
+				s.q.push(s.now+s.cfg.Sample, evSample, 0)
+			}
+		}
+	}
+	return nil
+}
+
+// done reports whether nothing is left to happen but the periodic events.
+func (s *simulation) done() bool {
+	return s.next >= len(s.order) && s.active == 0
+}
+
+// startNext starts the next session of the workload at now (its first turn
+// after its think time).
+func (s *simulation) startNext(now time.Duration) {
+	if s.next >= len(s.order) {
+		return
+	}
+	i := s.next
+	s.next++
+	ref := s.order[i]
+	s.sessions[i] = session{base: ref.base, tile: ref.tile}
+	if s.text {
+		s.sessions[i].conv = newConvo(&s.cfg.Workload.Sessions[ref.base])
+	}
+	s.active++
+	s.q.push(now+s.turnOf(i).Think, evSend, int32(i))
+}
+
+// turnOf returns the current turn of session i.
+func (s *simulation) turnOf(i int) *workload.Turn {
+	ss := &s.sessions[i]
+	return &s.cfg.Workload.Sessions[ss.base].Turns[ss.turn]
+}
+
+// endSession ends session i at now; closed loop, its user starts another.
+func (s *simulation) endSession(i int) {
+	s.sessions[i].conv = nil
+	s.active--
+	if s.cfg.Users > 0 {
+		s.startNext(s.now)
+	}
+}
+
+// step starts a step on idle server i, or leaves it idle if nothing can be
+// scheduled.
+func (s *simulation) step(i int) {
+	sv := &s.servers[i]
+	res := sv.eng.Step(s.now)
+	if res.End <= res.Start {
+		// Nothing could be scheduled (no work, or waiting for KV that only
+		// a departure frees): the next arrival wakes it.
+		sv.stepping = false
+		return
+	}
+	s.steps++
+	sv.res = res
+	s.q.push(res.End, evStepEnd, int32(i))
+}
+
+// endStep delivers the tokens of server i's step and starts its next.
+func (s *simulation) endStep(i int) {
+	sv := &s.servers[i]
+	for _, r := range sv.res.Tokens {
+		f := s.flights[r.ID]
+		if r.Output == 1 {
+			f.first = s.now
+			f.fl.FirstToken()
+		}
+		if r.State == engine.StateFinished {
+			s.finish(f)
+		}
+	}
+	if sv.eng.HasWork() {
+		s.step(i)
+	} else {
+		sv.stepping = false
+	}
+}
+
+// scrape copies every server's metrics into replica r's view, as a scrape
+// of /metrics would.
+func (s *simulation) scrape(r int) {
+	rep := s.replicas[r]
+	at := s.origin.Add(s.now)
+	for i := range s.servers {
+		st := s.servers[i].eng.Stats()
+		rep.metrics[i] = fleet.Metrics{
+			Running: float64(st.Running), Waiting: float64(st.Waiting), KVUsage: st.KVUsage,
+			PrefixHits: float64(st.PrefixHits), PrefixQueries: float64(st.PrefixQueries), At: at,
+		}
+		rep.scraped[i] = s.now
+	}
+	rep.hasScrap = true
+}
+
+// sample records every server's load.
+func (s *simulation) sample() {
+	for i := range s.servers {
+		st := s.servers[i].eng.Stats()
+		s.servers[i].samples = append(s.servers[i].samples, bench.LoadSample{At: s.now, Running: st.Running, Waiting: st.Waiting, KVUsage: st.KVUsage})
+	}
+}
+
+// report builds the run's measurements.
+func (s *simulation) report(policy string) *bench.Run {
+	run := &bench.Run{Policy: policy, Requests: s.results}
+	run.Summary = bench.Summarize(policy, s.results)
+	busy := make([]time.Duration, len(s.servers))
+	run.Backends = make([]bench.BackendSeries, len(s.servers))
+	for i := range s.servers {
+		st := s.servers[i].eng.Stats()
+		busy[i] = st.BusyTime
+		run.Backends[i] = bench.BackendSeries{
+			Name: fmt.Sprintf("gpu%d", i), Busy: st.BusyTime,
+			PromptTokens: st.PrefixQueries, CachedTokens: st.PrefixHits,
+			Samples: s.servers[i].samples,
+		}
+	}
+	run.Summary.Imbalance = bench.Imbalance(busy)
+	trimSamples(run.Backends, maxSampledBackends)
+	return run
+}
+
+// maxSampledBackends bounds the backends whose load over time a report
+// keeps: a chart of a thousand lines shows nothing, and the JSON would be
+// large.
+const maxSampledBackends = 32
+
+// trimSamples keeps the samples of at most keep backends: the busiest half
+// and the least busy half, which show the spread.
+func trimSamples(bs []bench.BackendSeries, keep int) {
+	if len(bs) <= keep {
+		return
+	}
+	idx := make([]int, len(bs))
+	for i := range idx {
+		idx[i] = i
+	}
+	sortByBusy(idx, bs)
+	keepSet := make(map[int]bool, keep)
+	for k := range keep / 2 {
+		keepSet[idx[k]] = true
+		keepSet[idx[len(idx)-1-k]] = true
+	}
+	for i := range bs {
+		if !keepSet[i] {
+			bs[i].Samples = nil
+		}
+	}
+}
