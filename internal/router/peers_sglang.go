@@ -97,7 +97,8 @@ func (p *SGLangCacheAware) Pick(req *Request, cands []*fleet.Backend) (Decision,
 	if len(p.matched) < top {
 		p.matched = make([]int, top)
 	}
-	p.tree.match(req.Prompt, p.matched[:top])
+	text, tokensPerChar := req.charText()
+	p.tree.match(text, p.matched[:top])
 	var chosen *fleet.Backend
 	var reason string
 	switch {
@@ -105,7 +106,7 @@ func (p *SGLangCacheAware) Pick(req *Request, cands []*fleet.Backend) (Decision,
 		chosen, reason = leastLoaded(cands, p.rand), "imbalance"
 	default:
 		best := p.best(cands, func(b *fleet.Backend) int { return p.matched[b.Index] })
-		if len(req.Prompt) > 0 && float64(p.matched[best.Index])/float64(len(req.Prompt)) > p.cfg.CacheThreshold {
+		if len(text) > 0 && float64(p.matched[best.Index])/float64(len(text)) > p.cfg.CacheThreshold {
 			chosen, reason = best, "prefix"
 		} else {
 			chosen = p.best(cands, func(b *fleet.Backend) int { return -p.tree.sizeOf(b.Index) })
@@ -113,11 +114,11 @@ func (p *SGLangCacheAware) Pick(req *Request, cands []*fleet.Backend) (Decision,
 		}
 	}
 	matched := p.matched[chosen.Index]
-	p.tree.insert(req.Prompt, int32(chosen.Index))
+	p.tree.insert(text, int32(chosen.Index))
 	if p.tree.sizeOf(chosen.Index) > p.cfg.MaxTreeChars {
 		p.tree.evict(int32(chosen.Index), p.cfg.MaxTreeChars*9/10)
 	}
-	return decide(chosen, reason, req, promptTokens(req), int(float64(matched)/defaultRatio), chosen.Load()), nil
+	return decide(chosen, reason, req, promptTokens(req), int(float64(matched)*tokensPerChar), chosen.Load()), nil
 }
 
 // best returns the candidate with the highest value, the least loaded among

@@ -5,6 +5,7 @@
 package router
 
 import (
+	"encoding/binary"
 	"errors"
 	"math"
 	"time"
@@ -76,6 +77,22 @@ func (req *Request) prefixHashes(dst []uint64, blockBytes int) []uint64 {
 		}
 	}
 	return prefix.Hash(dst, req.Prompt, blockBytes)
+}
+
+// charText returns the text a character-level prefix tree indexes for req,
+// and how many prompt tokens one of its bytes stands for: Prompt at
+// 1/defaultRatio tokens a byte; for a request given only by TokenBlocks, a
+// stand-in of 8 bytes per block (its chained hash), so that equal prefixes
+// still give equal leading bytes.
+func (req *Request) charText() (string, float64) {
+	if req.Prompt != "" || req.TokenBlocks == nil || req.TokenBlockSize <= 0 {
+		return req.Prompt, 1 / defaultRatio
+	}
+	b := make([]byte, 0, 8*len(req.TokenBlocks))
+	for _, h := range req.TokenBlocks {
+		b = binary.LittleEndian.AppendUint64(b, h)
+	}
+	return string(b), float64(req.TokenBlockSize) / 8
 }
 
 // promptTokens returns PromptTokens when the caller gave it, else Prompt's

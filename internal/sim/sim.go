@@ -71,7 +71,7 @@ type Config struct {
 	KeepRequests int
 	// BoundsLimit is the largest workload, in requests, for which the cache
 	// bounds are computed (they need every block of the run in memory).
-	// Zero means 200,000; negative never.
+	// Zero means 20,000; negative never.
 	BoundsLimit int
 	// Progress receives a progress bar per policy; nil shows none.
 	Progress io.Writer
@@ -102,7 +102,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.KeepRequests = 100_000
 	}
 	if c.BoundsLimit == 0 {
-		c.BoundsLimit = 200_000
+		c.BoundsLimit = 20_000
 	}
 	switch {
 	case c.Backends < 1:
