@@ -75,3 +75,115 @@ func TestDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// traceWorkload is a small Mooncake-like trace: requests sharing leading
+// blocks in a few groups, described by block ids only.
+func traceWorkload(n int, gap time.Duration) workload.Workload {
+	rng := rand.New(rand.NewPCG(5, 6))
+	var w workload.Workload
+	for i := range n {
+		shared := uint64(rng.IntN(4))
+		ids := []uint64{shared<<32 | 1, shared<<32 | 2}
+		for range 2 + rng.IntN(6) {
+			ids = append(ids, rng.Uint64())
+		}
+		w.Sessions = append(w.Sessions, workload.Session{ID: "r", Start: time.Duration(i) * gap, Turns: []workload.Turn{{
+			Blocks: ids, BlockTokens: 512, Tokens: 512*len(ids) - rng.IntN(500), MaxTokens: 1 + rng.IntN(200),
+		}}})
+	}
+	w.Name = "trace"
+	return w
+}
+
+// Token mode replays block-described requests without text; tiling plays
+// independent copies: twice the requests, none sharing blocks across
+// copies, so the hit rate stays about what one copy gets.
+func TestTokenModeAndTiling(t *testing.T) {
+	w := traceWorkload(300, 100*time.Millisecond)
+	cfg := Config{Workload: w, Backends: 4, Profile: profile(t), Policies: []string{"kvroute", "round-robin"}, Seed: 1}
+	if !tokenMode(cfg) {
+		t.Fatal("a block-described single-turn workload should run in token mode")
+	}
+	one, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Tile, cfg.Backends = 2, 8
+	two, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range one.Runs {
+		a, b := one.Runs[i].Summary, two.Runs[i].Summary
+		t.Logf("%s: hit rate %.1f %% (1 copy, 4 servers), %.1f %% (2 copies, 8 servers)", a.Name, 100*a.HitRate, 100*b.HitRate)
+		if a.Requests != 300 || b.Requests != 600 || a.Errors+b.Errors != 0 {
+			t.Fatalf("%s: %d and %d requests, %d errors", a.Name, a.Requests, b.Requests, a.Errors+b.Errors)
+		}
+		if a.HitRate <= 0 || b.HitRate > a.HitRate*1.5 {
+			t.Errorf("%s: hit rate %.3f with one copy, %.3f with two", a.Name, a.HitRate, b.HitRate)
+		}
+	}
+	// kvroute keeps shared prefixes together; round robin scatters them.
+	if kv, rr := one.Runs[0].Summary.HitRate, one.Runs[1].Summary.HitRate; kv <= rr {
+		t.Errorf("kvroute hit rate %.3f, round robin %.3f", kv, rr)
+	}
+	if one.Bounds.Ideal <= 0 || one.Bounds.Ideal > one.Bounds.Unlimited {
+		t.Errorf("bounds %+v", one.Bounds)
+	}
+}
+
+// Closed loop: at most Users sessions are in flight at once, and every
+// session is played.
+func TestClosedLoop(t *testing.T) {
+	cfg := Config{Workload: chatWorkload(t, 30), Backends: 2, Profile: profile(t), Policies: []string{"least-request"}, Users: 3, Seed: 1}
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := rep.Runs[0].Requests
+	if len(rs) != 180 {
+		t.Fatalf("%d requests, want 180", len(rs))
+	}
+	// Count the sessions in flight at each request's send time.
+	for _, r := range rs {
+		open := map[int]bool{}
+		for _, o := range rs {
+			if o.Sent <= r.Sent && r.Sent < o.Sent+o.E2E {
+				open[o.Session] = true
+			}
+		}
+		if len(open) > 3 {
+			t.Fatalf("%d sessions in flight at %v, want at most 3", len(open), r.Sent)
+		}
+	}
+}
+
+// FindBackends returns the smallest fleet meeting the objective: one more
+// server less misses it, and the search tried no size twice.
+func TestFindBackends(t *testing.T) {
+	w := traceWorkload(200, 40*time.Millisecond)
+	cfg := Config{Workload: w, Profile: profile(t), Policies: []string{"round-robin"}, Seed: 1}
+	const slo = 400 * time.Millisecond
+	found, err := FindBackends(context.Background(), cfg, FindConfig{SLO: slo, Max: 64}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := found[0]
+	if f.Backends < 2 || f.TTFTP99 > slo {
+		t.Fatalf("found %d servers with p99 %v; trials %+v", f.Backends, f.TTFTP99, f.Trials)
+	}
+	seen := map[int]bool{}
+	missedBelow := false
+	for _, tr := range f.Trials {
+		if seen[tr.Backends] {
+			t.Errorf("tried %d twice", tr.Backends)
+		}
+		seen[tr.Backends] = true
+		if tr.Backends == f.Backends-1 && !tr.Met {
+			missedBelow = true
+		}
+	}
+	if !missedBelow {
+		t.Errorf("%d servers met the objective but %d was not shown to miss it: %+v", f.Backends, f.Backends-1, f.Trials)
+	}
+}
