@@ -329,7 +329,8 @@ func (s *simulation) run(ctx context.Context) error {
 		s.q.push(s.order[0].start, evSession, 0)
 	}
 	for r := range s.replicas {
-		s.q.push(0, evScrape, int32(r))
+		// Replicas scrape at staggered phases, as independent processes do.
+		s.q.push(s.cfg.Scrape*time.Duration(r)/time.Duration(len(s.replicas)), evScrape, int32(r))
 	}
 	s.q.push(0, evSample, 0)
 	for s.q.len() > 0 {
