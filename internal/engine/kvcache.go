@@ -13,7 +13,7 @@ type kvCache struct {
 	prev, next []int32
 	head, tail int32
 	free       int
-	byHash     map[uint64]int32
+	byHash     blockTable
 }
 
 const none int32 = -1
@@ -27,7 +27,7 @@ func newKVCache(blocks int) *kvCache {
 		next:   make([]int32, blocks),
 		head:   none,
 		tail:   none,
-		byHash: make(map[uint64]int32),
+		byHash: newBlockTable(blocks),
 	}
 	for b := range blocks {
 		c.pushTail(int32(b))
@@ -69,7 +69,7 @@ func (c *kvCache) unlink(b int32) {
 // of those no request holds (they leave the free queue when taken).
 func (c *kvCache) lookup(hashes []uint64) (hits, idle int) {
 	for _, h := range hashes {
-		b, ok := c.byHash[h]
+		b, ok := c.byHash.get(h)
 		if !ok {
 			break
 		}
@@ -85,7 +85,7 @@ func (c *kvCache) lookup(hashes []uint64) (hits, idle int) {
 // lookup) to dst, holding each.
 func (c *kvCache) take(dst []int32, hashes []uint64) []int32 {
 	for _, h := range hashes {
-		b := c.byHash[h]
+		b, _ := c.byHash.get(h)
 		if c.ref[b] == 0 {
 			c.unlink(b)
 		}
@@ -103,9 +103,7 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 		b := c.head
 		c.unlink(b)
 		if c.hashed[b] {
-			if c.byHash[c.hash[b]] == b {
-				delete(c.byHash, c.hash[b])
-			}
+			c.byHash.deleteIf(c.hash[b], b)
 			c.hashed[b] = false
 			evicted++
 		}
@@ -118,11 +116,9 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 // publish makes block b findable under h, unless another block already is
 // (two requests computed the same block at once): then b stays private.
 func (c *kvCache) publish(b int32, h uint64) {
-	if _, dup := c.byHash[h]; dup {
-		return
+	if c.byHash.insert(h, b) {
+		c.hash[b], c.hashed[b] = h, true
 	}
-	c.byHash[h] = b
-	c.hash[b], c.hashed[b] = h, true
 }
 
 // release drops one hold on each block. Blocks are released last first, so
