@@ -54,6 +54,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile of the servers: "+strings.Join(engine.ProfileNames(), ", "))
 	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV blocks per server (default: the profile's)")
 	fs.DurationVar(&sf.cfg.Scrape, "scrape-interval", time.Second, "how often each router replica reads the servers' metrics")
+	fs.BoolVar(&sf.cfg.ReplicaUnaware, "replica-unaware", false, "do not tell kvroute how many replicas share the fleet (to measure what that saves)")
 	fs.BoolVar(&sf.cfg.Text, "text", false, "traces: render prompts as text and tokenize them, as the live bench does (slower)")
 	fs.IntVar(&sf.cfg.KeepRequests, "keep-requests", 100_000, "per-request results kept in results.json (an even sample beyond; -1: all)")
 	fs.DurationVar(&sf.find.SLO, "slo-ttft-p99", 0, "p99 TTFT objective for --find-backends (e.g. 2s)")

@@ -40,3 +40,42 @@ func TestTokenBlocksStandInForText(t *testing.T) {
 		})
 	}
 }
+
+// Replicas unaware of each other's decisions still send a session's turns
+// to one backend: the one consistent hashing of its key ranks first among
+// the near-cheapest, whichever replica routes the turn.
+func TestReplicasAgreeOnSessions(t *testing.T) {
+	bs := make([]*fleet.Backend, 8)
+	for i := range bs {
+		bs[i] = fleet.NewBackend(i, string(rune('a'+i)), nil)
+	}
+	var replicas []Policy
+	for r := range 3 {
+		p, err := New("kvroute", bs, Options{Seed: uint64(r + 1), KVRoute: KVRouteConfig{Replicas: 3}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		replicas = append(replicas, p)
+	}
+	spread := map[string]bool{}
+	for s := range 40 {
+		key := string(rune('A'+s%26)) + string(rune('a'+s/26))
+		var first *fleet.Backend
+		for turn := range 3 {
+			req := &Request{Model: "m", SessionKey: key, Prompt: "user\nhello there, turn " + string(rune('0'+turn)) + "\n", MaxTokens: 10}
+			d, err := replicas[(s+turn)%3].Pick(req, bs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if first == nil {
+				first = d.Backend
+			} else if d.Backend != first {
+				t.Fatalf("session %s: turn %d on %s, turn 0 on %s", key, turn, d.Backend.Name, first.Name)
+			}
+		}
+		spread[first.Name] = true
+	}
+	if len(spread) < 6 {
+		t.Errorf("40 sessions on %d of 8 backends: hashing should spread them", len(spread))
+	}
+}

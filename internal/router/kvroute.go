@@ -76,6 +76,11 @@ type KVRouteConfig struct {
 	MissPenalty float64
 	// Seed seeds the tie-breaks; 0 picks a random seed.
 	Seed uint64
+	// Replicas is the number of router replicas sharing the fleet behind a
+	// random split (default 1); with more, each scales its counts of the
+	// load and places sessions it does not know by consistent hashing (see
+	// kvroute_replicas.go).
+	Replicas int
 }
 
 func (c KVRouteConfig) withDefaults() KVRouteConfig {
@@ -161,7 +166,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	var total int64
 	loads := make([]fleet.Load, len(cands))
 	for i, b := range cands {
-		loads[i] = b.Load()
+		loads[i] = p.load(b)
 		total += loads[i].Requests
 	}
 	bound := p.cfg.LoadFactor*float64(total+1)/float64(len(cands)) + 1
@@ -212,7 +217,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 			}
 		}
 	} else {
-		best = p.breakTie(scores, cands, best, session, hasSession)
+		best = p.breakTie(scores, cands, best, session, hasSession, p.placementKey(req, s.hashes))
 	}
 
 	chosen := cands[best]
@@ -250,7 +255,10 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 
 // breakTie returns a random candidate among those whose cost is within the
 // tolerance of the best, preferring the session's backend when it is one.
-func (p *KVRoute) breakTie(scores []Score, cands []*fleet.Backend, best, session int, hasSession bool) int {
+func (p *KVRoute) breakTie(scores []Score, cands []*fleet.Backend, best, session int, hasSession bool, key uint64) int {
+	if key != 0 && !hasSession {
+		return placeByKey(scores, cands, best, key)
+	}
 	limit := scores[best].Cost + math.Max(scores[best].Cost*tieTolerance, tieFloor)
 	ties, pick := 0, best
 	for i := range scores {

@@ -75,6 +75,10 @@ type Config struct {
 	BoundsLimit int
 	// Progress receives a progress bar per policy; nil shows none.
 	Progress io.Writer
+	// ReplicaUnaware leaves kvroute's replicas unaware of each other
+	// (router.KVRouteConfig.Replicas unset), to measure what awareness
+	// saves.
+	ReplicaUnaware bool
 }
 
 // Stats describe the simulator's own work in one run.
@@ -292,10 +296,14 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			b.SetInfo(info)
 			rep.backends = append(rep.backends, b)
 		}
-		p, err := router.New(policy, rep.backends, router.Options{
+		opts := router.Options{
 			Seed:    cfg.Seed + uint64(r)*0x9e3779b97f4a7c15,
 			Metrics: s.metricsFunc(rep),
-		})
+		}
+		if !cfg.ReplicaUnaware {
+			opts.KVRoute.Replicas = cfg.Routers
+		}
+		p, err := router.New(policy, rep.backends, opts)
 		if err != nil {
 			return nil, err
 		}

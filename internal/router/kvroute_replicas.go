@@ -1,0 +1,90 @@
+package router
+
+import (
+	"github.com/cespare/xxhash/v2"
+	"math"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+)
+
+// Several router replicas behind a random (L4) split each route a share of
+// the traffic with their own prefix index and their own counts of the work
+// in flight. Left alone, each believes the fleet to be 1/M as loaded as it
+// is, so bursts from several replicas land on the same "idle" backend, and
+// each places a new prefix on its own idea of the best backend, so the next
+// request for it, reaching another replica, misses. With
+// KVRouteConfig.Replicas = M, kvroute degrades gracefully instead:
+//
+//   - it scales its own counts by M, its expectation of the fleet's load;
+//   - for a request whose session it has not routed before, it does not
+//     take the cheapest backend (at random among near-ties) but, among those
+//     within the placement slack of the cheapest, the one that rendezvous
+//     hashing of the session key (else of the prompt's first block) ranks
+//     first: every replica, unaware of what the others did, then sends a
+//     session's turns to the same backend while it is not much dearer than
+//     the best, and different sessions spread evenly.
+
+// The placement slack is wider than the tie tolerance: a replica that does
+// not know where a session's earlier turns went accepts a somewhat dearer
+// backend to land where the other replicas will send the session too.
+// Measured with `kvroute sim` (docs/BENCHMARKS.md): 0.5 and 50 ms keep
+// most of a conversation's turns together across 4 replicas; 0.2 keeps
+// half as many, 1 no more.
+const (
+	placementSlack = 0.5
+	placementFloor = 0.05 // s
+)
+
+// load returns b's in-flight work as this replica counts it, scaled to the
+// whole fleet's traffic.
+func (p *KVRoute) load(b *fleet.Backend) fleet.Load {
+	l := b.Load()
+	if m := int64(p.cfg.Replicas); m > 1 {
+		l.Requests *= m
+		l.PrefillTokens *= m
+		l.Decoding *= m
+		l.DecodeTokens *= m
+	}
+	return l
+}
+
+// placementKey is what replicas agree on for req: its session key, else its
+// first prompt block; 0 (the cheapest, at random among near-ties) for a
+// single router.
+func (p *KVRoute) placementKey(req *Request, hashes []uint64) uint64 {
+	switch {
+	case p.cfg.Replicas <= 1:
+		return 0
+	case req.SessionKey != "":
+		return xxhash.Sum64String(req.SessionKey) | 1
+	case len(hashes) > 0:
+		return hashes[0] | 1
+	}
+	return 0
+}
+
+// placeByKey returns, among the candidates whose cost is within the
+// placement slack of the best, the one that rendezvous hashing of key ranks
+// first: the same for every replica that sees the same costs, and for most
+// that see nearly the same.
+func placeByKey(scores []Score, cands []*fleet.Backend, best int, key uint64) int {
+	limit := scores[best].Cost + math.Max(scores[best].Cost*placementSlack, placementFloor)
+	pick := best
+	for i := range scores {
+		if scores[i].Cost <= limit && rendezvous(key, cands[i].Index) > rendezvous(key, cands[pick].Index) {
+			pick = i
+		}
+	}
+	return pick
+}
+
+// rendezvous is backend i's weight for key: the candidate with the highest
+// wins, the same one for every replica.
+func rendezvous(key uint64, i int) uint64 {
+	x := key ^ uint64(i+1)*0x9e3779b97f4a7c15
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	return x ^ x>>33
+}
