@@ -28,7 +28,15 @@ type Found struct {
 	HitRate float64
 	// Trials are the fleet sizes tried, in order.
 	Trials []Trial
+	// Floor is set when the search stopped because doubling the fleet no
+	// longer lowered p99 TTFT: the objective is below what the workload's
+	// own longest requests take on an idle server.
+	Floor bool
 }
+
+// floorRatio: a doubling that leaves p99 above this fraction of what it
+// was has not helped.
+const floorRatio = 0.98
 
 // Trial is one simulated fleet size.
 type Trial struct {
@@ -41,7 +49,8 @@ type Trial struct {
 // FindBackends finds, for every policy of cfg, the smallest number of
 // servers whose p99 TTFT on cfg.Workload stays within fc.SLO with no errors:
 // doubling from one server until the objective is met, then bisecting to the
-// exact size. It assumes that more servers never make p99 TTFT worse, which
+// exact size, or giving up when two doublings in a row no longer lower p99
+// (the objective is below the workload's floor). It assumes that more servers never make p99 TTFT worse, which
 // holds for every policy here up to noise in the tie-breaks. cfg.Backends is
 // ignored. trial, if not nil, is told of every size tried.
 func FindBackends(ctx context.Context, cfg Config, fc FindConfig, trial func(policy string, backends int, p99 time.Duration, met bool)) ([]Found, error) {
@@ -80,6 +89,7 @@ func FindBackends(ctx context.Context, cfg Config, fc FindConfig, trial func(pol
 			return met, nil
 		}
 		lo, hi := 0, 0 // lo failed (0: none tried), hi met
+		flat := 0      // doublings in a row that hardly lowered p99
 		for n := 1; ; n = min(2*n, fc.Max) {
 			met, err := try(n)
 			if err != nil {
@@ -90,7 +100,16 @@ func FindBackends(ctx context.Context, cfg Config, fc FindConfig, trial func(pol
 				break
 			}
 			lo = n
-			if n == fc.Max {
+			if k := len(f.Trials); k >= 2 && f.Trials[k-1].Errors == 0 &&
+				float64(f.Trials[k-1].TTFTP99) > floorRatio*float64(f.Trials[k-2].TTFTP99) {
+				flat++
+			} else {
+				flat = 0
+			}
+			// p99 has stopped falling: it is the workload's own floor (its
+			// longest prompts' prefill), which no fleet size lowers.
+			if n == fc.Max || flat == 2 {
+				f.Floor = flat == 2
 				break
 			}
 		}
@@ -117,7 +136,10 @@ func WriteFindTable(w io.Writer, found []Found, slo time.Duration) error {
 	fmt.Fprintf(tw, "policy\tservers for p99 TTFT ≤ %v\tp99 TTFT there\thit rate there\tsizes tried\t\n", slo)
 	for _, f := range found {
 		n := fmt.Sprint(f.Backends)
-		if f.Backends == 0 {
+		switch {
+		case f.Backends == 0 && f.Floor:
+			n = fmt.Sprintf("none (p99 floor %.0f ms)", float64(f.TTFTP99)/float64(time.Millisecond))
+		case f.Backends == 0:
 			n = fmt.Sprintf("> %d", f.Trials[len(f.Trials)-1].Backends)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%.0f ms\t%.1f %%\t%d\t\n", f.Policy, n, float64(f.TTFTP99)/float64(time.Millisecond), 100*f.HitRate, len(f.Trials))
