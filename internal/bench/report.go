@@ -195,6 +195,9 @@ func (r *Report) page() reportPage {
 		Description: r.Description,
 		NoRuns:      len(r.Runs) == 0,
 	}
+	if r.Simulated {
+		p.Title = "kvroute sim"
+	}
 	if r.Workload != "" {
 		p.Title += ": " + r.Workload
 	}
@@ -237,6 +240,9 @@ func (r *Report) facts() []fact {
 	date := "unknown"
 	if !r.Created.IsZero() {
 		date = r.Created.Format("2006-01-02 15:04:05 MST")
+	}
+	if r.Simulated {
+		scale = fmt.Sprintf("virtual (simulated), %d router replica(s)", max(r.Routers, 1))
 	}
 	return []fact{
 		{"Workload", orDash(r.Workload)},

@@ -23,6 +23,10 @@ type Report struct {
 	KVTokensPerBackend int `json:"kv_tokens_per_backend"`
 	// TimeScale is wall seconds per model second; all times are model time.
 	TimeScale float64 `json:"time_scale"`
+	// Simulated marks a run of `kvroute sim`: virtual time, no wall clock;
+	// Routers is its number of router replicas.
+	Simulated bool `json:"simulated,omitempty"`
+	Routers   int  `json:"routers,omitempty"`
 	// Seed makes the arrivals and replies reproducible.
 	Seed uint64 `json:"seed"`
 	// Created is when the run started.

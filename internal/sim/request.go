@@ -182,7 +182,6 @@ func (s *simulation) send(i int) {
 		s.fail(f, rep, http.StatusBadRequest, fmt.Errorf("status 400: %w", err))
 		return
 	}
-	s.live++
 	if !sv.stepping {
 		sv.stepping = true
 		s.q.push(s.now, evStepStart, int32(d.Backend.Index))
@@ -238,7 +237,6 @@ func (s *simulation) fail(f *flight, rep *replica, status int, err error) {
 // releases its load and learns the outcome, the client records it and sends
 // the session's next turn after its think time.
 func (s *simulation) finish(f *flight) {
-	s.live--
 	f.fl.Done()
 	r := &f.req
 	ttft, e2e := f.first-f.sent, s.now-f.sent

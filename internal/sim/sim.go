@@ -142,6 +142,8 @@ func RunStats(ctx context.Context, cfg Config) (*bench.Report, []Stats, error) {
 		KVTokensPerBackend: cfg.Profile.Blocks() * cfg.Profile.BlockSize,
 		Seed:               cfg.Seed,
 		Created:            time.Now().UTC(),
+		Simulated:          true,
+		Routers:            cfg.Routers,
 	}
 	if cfg.Tile > 1 {
 		rep.Description = fmt.Sprintf("%s, tiled %d× (%d requests)", rep.Description, cfg.Tile, cfg.Tile*cfg.Workload.Requests())
@@ -219,12 +221,12 @@ type server struct {
 // the servers (its own fleet.Backend objects, so its own in-flight counts)
 // and its own copy of their scraped metrics.
 type replica struct {
-	policy   router.Policy
-	learner  router.Learner
-	backends []*fleet.Backend
-	metrics  []fleet.Metrics
-	scraped  []time.Duration // virtual time of each server's last scrape
-	hasScrap bool
+	policy      router.Policy
+	learner     router.Learner
+	backends    []*fleet.Backend
+	metrics     []fleet.Metrics
+	scraped     []time.Duration // virtual time of each server's last scrape
+	scrapedOnce bool
 }
 
 // session is the state of one session being played.
@@ -251,7 +253,6 @@ type simulation struct {
 	sessions []session
 	flights  []*flight
 	free     []int32
-	live     int // requests in flight
 	active   int // sessions started and not ended
 
 	results  []bench.Result
@@ -320,7 +321,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 // server, or nil when it is older than three scrape intervals.
 func (s *simulation) metricsFunc(rep *replica) func(*fleet.Backend) *fleet.Metrics {
 	return func(b *fleet.Backend) *fleet.Metrics {
-		if !rep.hasScrap || b.Index < 0 || b.Index >= len(rep.metrics) || s.now-rep.scraped[b.Index] > 3*s.cfg.Scrape {
+		if !rep.scrapedOnce || b.Index < 0 || b.Index >= len(rep.metrics) || s.now-rep.scraped[b.Index] > 3*s.cfg.Scrape {
 			return nil
 		}
 		return &rep.metrics[b.Index]
@@ -461,7 +462,7 @@ func (s *simulation) scrape(r int) {
 		}
 		rep.scraped[i] = s.now
 	}
-	rep.hasScrap = true
+	rep.scrapedOnce = true
 }
 
 // sample records every server's load.
