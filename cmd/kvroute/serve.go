@@ -53,6 +53,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.fleet.HealthInterval, "health-interval", time.Second, "how often backends' /health is checked")
 	fs.Float64Var(&cfg.policyOpts.KVRoute.LoadFactor, "load-factor", 2, "kvroute: no backend takes more than this × the mean in-flight requests (+1)")
 	fs.IntVar(&cfg.policyOpts.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
+	fs.IntVar(&cfg.policyOpts.KVRoute.Replicas, "replicas", 1, "kvroute: router replicas sharing these backends behind a random split (each scales its load counts and places sessions by consistent hashing)")
 	fs.Uint64Var(&cfg.policyOpts.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug (one line per request with its decision), info, warn or error")
 	fs.Usage = func() {
@@ -101,6 +102,8 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 		return cfg, errors.New("--scrape-interval and --health-interval must be positive")
 	case cfg.policyOpts.KVRoute.LoadFactor < 1:
 		return cfg, fmt.Errorf("--load-factor must be at least 1, got %v", cfg.policyOpts.KVRoute.LoadFactor)
+	case cfg.policyOpts.KVRoute.Replicas < 1:
+		return cfg, fmt.Errorf("--replicas must be at least 1, got %d", cfg.policyOpts.KVRoute.Replicas)
 	case cfg.policyOpts.KVRoute.BlockBytes < 16:
 		return cfg, fmt.Errorf("--block-bytes must be at least 16, got %d", cfg.policyOpts.KVRoute.BlockBytes)
 	}
