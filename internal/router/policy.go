@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 )
@@ -21,6 +22,9 @@ type Options struct {
 	// counts without it. Nil means no scraped metrics. Must be safe for
 	// concurrent use and must not block.
 	Metrics func(*fleet.Backend) *fleet.Metrics
+	// Now is the policies' clock; nil means time.Now. The simulator passes
+	// its virtual clock.
+	Now func() time.Time
 }
 
 // Names lists the policies New knows, the default first.
@@ -38,6 +42,9 @@ func New(name string, backends []*fleet.Backend, opts Options) (Policy, error) {
 		cfg := opts.KVRoute
 		if cfg.Seed == 0 {
 			cfg.Seed = opts.Seed
+		}
+		if cfg.Now == nil {
+			cfg.Now = opts.Now
 		}
 		return NewKVRoute(backends, cfg), nil
 	case "round-robin":
