@@ -2,6 +2,7 @@ package router
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -213,6 +214,8 @@ func (p *KVRoute) arrivalRate(now time.Time) float64 {
 type pickScratch struct {
 	hashes  []uint64
 	matched []int
+	loads   []fleet.Load
+	cand    []candidate
 }
 
 // blocksFor converts a KV capacity in tokens into index blocks.
@@ -231,7 +234,8 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	longest := p.index.Match(s.hashes, s.matched)
 
 	var total int64
-	loads := make([]fleet.Load, len(cands))
+	s.loads = slices.Grow(s.loads[:0], len(cands))[:len(cands)]
+	loads := s.loads
 	for i, b := range cands {
 		loads[i] = b.Load()
 		total += loads[i].Requests
@@ -246,7 +250,9 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	promptTokens := int(math.Ceil(float64(len(req.Prompt)) / ratio))
 	need := float64(promptTokens + max(req.MaxTokens, defaultOutput))
 	scores := make([]Score, len(cands))
-	cand := make([]candidate, len(cands))
+	s.cand = slices.Grow(s.cand[:0], len(cands))[:len(cands)]
+	cand := s.cand
+	clear(cand)
 	meanSlow := p.sumSlow / float64(len(p.observed))
 	backlog := math.Inf(1)
 	for i, b := range cands {
