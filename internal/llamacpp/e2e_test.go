@@ -2,6 +2,7 @@ package llamacpp
 
 import (
 	"context"
+	"log/slog"
 	"net/url"
 	"testing"
 	"time"
@@ -136,7 +137,7 @@ func TestLlamaServerFleet(t *testing.T) {
 			u, _ := url.Parse(raw)
 			backends = append(backends, fleet.NewBackend(i, u.Host, u))
 		}
-		fl := fleet.New(backends, fleet.Options{Timeout: 10 * time.Second})
+		fl := fleet.New(backends, fleet.Options{Timeout: 10 * time.Second, Logger: slog.New(slog.DiscardHandler)})
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		defer cancel()
 		fl.Refresh(ctx)

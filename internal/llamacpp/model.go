@@ -102,7 +102,11 @@ func WriteModel(out, vocab string, cfg ModelConfig) error {
 	if err != nil {
 		return fmt.Errorf("llamacpp: %w", err)
 	}
-	defer os.Remove(tmp.Name()) // after a successful rename this fails harmlessly
+	defer os.Remove(tmp.Name())              // after a successful rename this fails harmlessly
+	if err := tmp.Chmod(0o644); err != nil { // CreateTemp makes it private; a model is not a secret
+		tmp.Close()
+		return fmt.Errorf("llamacpp: %w", err)
+	}
 	if err := gguf.Write(tmp, kvs, modelTensors(cfg, len(tokens))); err != nil {
 		tmp.Close()
 		return fmt.Errorf("llamacpp: writing %s: %w", out, err)
