@@ -17,8 +17,9 @@ import (
 // Magic opens every GGUF file.
 const Magic = "GGUF"
 
-// Version is the format version written; Read accepts 2 and 3 (2 differs
-// from 3 only in byte order conventions that little-endian files share).
+// Version is the format version written. Read also accepts version 2,
+// which lays out a little-endian file the same way (version 1 had 32-bit
+// counts and is not read).
 const Version = 3
 
 // Alignment is the default alignment of tensor data, in bytes, used when a
