@@ -80,7 +80,7 @@ start() {
     fi
     "$server" -m "$model" -a random-llama --host 127.0.0.1 --port $((port + i)) \
       -c "${LLAMA_CTX:-16384}" -np "${LLAMA_SLOTS:-4}" -t "${LLAMA_THREADS:-1}" \
-      --metrics --slots --no-webui --chat-template chatml >"$run/$((port + i)).log" 2>&1 &
+      --metrics --slots --no-webui --chat-template chatml --no-jinja >"$run/$((port + i)).log" 2>&1 &
     echo $! >"$pidfile"
   done
   for ((i = 0; i < n; i++)); do

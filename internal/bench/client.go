@@ -317,9 +317,16 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 			Timings *struct {
 				PromptMS float64 `json:"prompt_ms"`
 			} `json:"timings"`
+			// Error is a failure after the stream began (llama-server and
+			// vLLM send one as a data event, then end the stream).
+			Error json.RawMessage `json:"error"`
 		}
 		if err := json.Unmarshal(data, &chunk); err != nil {
 			res.fail(fmt.Errorf("bad event %q: %w", data, err))
+			return res, ""
+		}
+		if len(chunk.Error) > 0 && string(chunk.Error) != "null" {
+			res.fail(fmt.Errorf("error in the stream: %s", chunk.Error))
 			return res, ""
 		}
 		for _, ch := range chunk.Choices {

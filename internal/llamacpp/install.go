@@ -68,14 +68,18 @@ func Require(tb testing.TB) Install {
 	return in
 }
 
+// modelVersion names the way WriteModel makes weights; it changes when
+// they do, so that no cache keeps a model made the old way.
+const modelVersion = 2
+
 // Model returns the path of the random-weight model of shape cfg in the
 // build's cache, writing it first if it is not there yet.
 func (in Install) Model(cfg ModelConfig) (string, error) {
 	if err := cfg.Validate(); err != nil {
 		return "", err
 	}
-	path := filepath.Join(in.Dir, "models", fmt.Sprintf("random-llama-%dx%d-h%d-kv%d-ff%d-ctx%d-s%d.gguf",
-		cfg.Dim, cfg.Layers, cfg.Heads, cfg.KVHeads, cfg.FeedForward, cfg.Context, cfg.Seed))
+	path := filepath.Join(in.Dir, "models", fmt.Sprintf("random-llama-v%d-%dx%d-h%d-kv%d-ff%d-ctx%d-s%d.gguf",
+		modelVersion, cfg.Dim, cfg.Layers, cfg.Heads, cfg.KVHeads, cfg.FeedForward, cfg.Context, cfg.Seed))
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
 	}

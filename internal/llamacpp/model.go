@@ -89,6 +89,13 @@ func WriteModel(out, vocab string, cfg ModelConfig) error {
 	if !ok || len(tokens) == 0 {
 		return ErrNoVocabulary
 	}
+	// Which tokens may be generated: the normal ones (type 1). Without
+	// types, all may.
+	normal := make([]bool, len(tokens))
+	types, _ := mustGet[[]int32](v, "tokenizer.ggml.token_type")
+	for i := range normal {
+		normal[i] = len(types) != len(tokens) || types[i] == tokenNormal
+	}
 	kvs := modelKVs(cfg, len(tokens))
 	for _, kv := range v.KVs {
 		// Only the tokenizer carries over: the vocabulary file's own
@@ -107,7 +114,7 @@ func WriteModel(out, vocab string, cfg ModelConfig) error {
 		tmp.Close()
 		return fmt.Errorf("llamacpp: %w", err)
 	}
-	if err := gguf.Write(tmp, kvs, modelTensors(cfg, len(tokens))); err != nil {
+	if err := gguf.Write(tmp, kvs, modelTensors(cfg, normal)); err != nil {
 		tmp.Close()
 		return fmt.Errorf("llamacpp: writing %s: %w", out, err)
 	}
@@ -142,16 +149,39 @@ func modelKVs(cfg ModelConfig, vocab int) []gguf.KV {
 	}
 }
 
+// tokenNormal is llama.cpp's token type of ordinary text pieces; the others
+// are unknown, control, user-defined, unused and byte-fallback tokens.
+const tokenNormal = 1
+
+// Steering away from special tokens, through one hidden dimension: every
+// token embedding holds steerEmbed in dimension 0, so that the residual
+// stream, and the final norm's output, stay positive there whatever the
+// random layers add (each adds about ±0.3 per dimension), and the output
+// row of every token that is not normal holds -steerOutput there, so that
+// its logit is about ten below the others'.
+//
+// Why: a random model samples byte-fallback tokens about once in a hundred
+// tokens, and a lone byte of a multi-byte character is invalid UTF-8, on
+// which llama-server's chat output parser fails the request mid-stream. A
+// trained model practically never does that. The compute is unchanged.
+const (
+	steerEmbed  = 4
+	steerOutput = 3
+)
+
 // modelTensors lists the llama architecture's tensors (dimensions in
-// ggml's order: input width first). Matrices are drawn from N(0, 0.02²),
-// the usual initialisation, so that activations stay finite through the
-// layers; norm weights are 1. Each tensor has its own random stream, so the
-// weights do not depend on the order tensors are written in.
-func modelTensors(cfg ModelConfig, vocab int) []gguf.Tensor {
-	d, ff := uint64(cfg.Dim), uint64(cfg.FeedForward)
+// ggml's order: input width first) for a vocabulary whose generable tokens
+// are marked in normal. Matrices are drawn from N(0, 0.02²), the usual
+// initialisation, so that activations stay finite through the layers; norm
+// weights are 1. Each tensor has its own random stream, so the weights do
+// not depend on the order tensors are written in.
+func modelTensors(cfg ModelConfig, normal []bool) []gguf.Tensor {
+	d, ff, vocab := uint64(cfg.Dim), uint64(cfg.FeedForward), uint64(len(normal))
 	kv := d / uint64(cfg.Heads) * uint64(cfg.KVHeads)
 	var ts []gguf.Tensor
-	add := func(name string, ones bool, dims ...uint64) {
+	// add adds a tensor; first, if not nil, gives element 0 of row r (the
+	// steering dimension) instead of a random draw.
+	add := func(name string, ones bool, first func(r uint64) float32, dims ...uint64) {
 		seed := uint64(len(ts))
 		ts = append(ts, gguf.Tensor{
 			Info: gguf.TensorInfo{Name: name, Dims: dims, Type: gguf.TensorF32},
@@ -163,24 +193,29 @@ func modelTensors(cfg ModelConfig, vocab int) []gguf.Tensor {
 				if ones {
 					return writeConst(w, n, 1)
 				}
-				return writeNormal(w, n, 0.02, rand.New(rand.NewPCG(cfg.Seed, seed)))
+				return writeNormal(w, dims[0], n/dims[0], 0.02, rand.New(rand.NewPCG(cfg.Seed, seed)), first)
 			},
 		})
 	}
-	add("token_embd.weight", false, d, uint64(vocab))
-	add("output_norm.weight", true, d)
-	add("output.weight", false, d, uint64(vocab))
+	add("token_embd.weight", false, func(uint64) float32 { return steerEmbed }, d, vocab)
+	add("output_norm.weight", true, nil, d)
+	add("output.weight", false, func(r uint64) float32 {
+		if normal[r] {
+			return 0
+		}
+		return -steerOutput
+	}, d, vocab)
 	for i := range cfg.Layers {
 		p := fmt.Sprintf("blk.%d.", i)
-		add(p+"attn_norm.weight", true, d)
-		add(p+"attn_q.weight", false, d, d)
-		add(p+"attn_k.weight", false, d, kv)
-		add(p+"attn_v.weight", false, d, kv)
-		add(p+"attn_output.weight", false, d, d)
-		add(p+"ffn_norm.weight", true, d)
-		add(p+"ffn_gate.weight", false, d, ff)
-		add(p+"ffn_down.weight", false, ff, d)
-		add(p+"ffn_up.weight", false, d, ff)
+		add(p+"attn_norm.weight", true, nil, d)
+		add(p+"attn_q.weight", false, nil, d, d)
+		add(p+"attn_k.weight", false, nil, d, kv)
+		add(p+"attn_v.weight", false, nil, d, kv)
+		add(p+"attn_output.weight", false, nil, d, d)
+		add(p+"ffn_norm.weight", true, nil, d)
+		add(p+"ffn_gate.weight", false, nil, d, ff)
+		add(p+"ffn_down.weight", false, nil, ff, d)
+		add(p+"ffn_up.weight", false, nil, d, ff)
 	}
 	return ts
 }
@@ -195,12 +230,20 @@ func writeConst(w io.Writer, n uint64, v float32) error {
 	return bw.Flush()
 }
 
-func writeNormal(w io.Writer, n uint64, std float64, rng *rand.Rand) error {
+// writeNormal writes rows × width draws from N(0, std²), row by row; with
+// first set, each row's element 0 is first(row) instead.
+func writeNormal(w io.Writer, width, rows uint64, std float64, rng *rand.Rand, first func(uint64) float32) error {
 	bw := bufio.NewWriterSize(w, 1<<16)
 	var b [4]byte
-	for range n {
-		binary.LittleEndian.PutUint32(b[:], math.Float32bits(float32(rng.NormFloat64()*std)))
-		bw.Write(b[:])
+	for r := range rows {
+		for c := range width {
+			v := float32(rng.NormFloat64() * std)
+			if c == 0 && first != nil {
+				v = first(r)
+			}
+			binary.LittleEndian.PutUint32(b[:], math.Float32bits(v))
+			bw.Write(b[:])
+		}
 	}
 	return bw.Flush()
 }

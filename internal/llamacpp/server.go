@@ -90,7 +90,7 @@ func (in Install) start(ctx context.Context, cfg ServerConfig, port int) (*Serve
 		"-m", cfg.Model, "-a", cfg.Alias,
 		"--host", "127.0.0.1", "--port", strconv.Itoa(port),
 		"-c", strconv.Itoa(cfg.Context), "-np", strconv.Itoa(cfg.Slots), "-t", strconv.Itoa(cfg.Threads),
-		"--metrics", "--slots", "--no-webui", "--chat-template", "chatml",
+		"--metrics", "--slots", "--no-webui", "--chat-template", "chatml", "--no-jinja",
 	}
 	cmd := exec.CommandContext(ctx, in.Server, args...)
 	s := &Server{URL: "http://127.0.0.1:" + strconv.Itoa(port), cmd: cmd, out: &syncBuffer{}, exited: make(chan struct{})}
