@@ -99,12 +99,19 @@ wait_healthy() {
 }
 
 stop() {
-  local f pid
+  local f pid t pids=()
   shopt -s nullglob
   for f in "$run"/*.pid; do
     pid=$(cat "$f")
-    kill "$pid" 2>/dev/null || true
+    kill "$pid" 2>/dev/null && pids+=("$pid")
     rm -f "$f"
+  done
+  # Wait for the ports to be free, so that a start right after works.
+  for pid in "${pids[@]}"; do
+    for ((t = 0; t < 100; t++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
   done
 }
 
