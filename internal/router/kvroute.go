@@ -60,6 +60,9 @@ type KVRoute struct {
 	// requests' lifetimes weighted by their tokens (decayed sums), since
 	// the long requests are the ones that hold the cache.
 	holdSum, holdWeight float64
+	// life is the mean time a request is in flight, in seconds (decayed
+	// sums): how long a slot stays taken.
+	lifeSum, lifeN float64
 	// ratio is the learned prompt bytes per token: decayed sums of bytes
 	// and tokens, so that long prompts, whose estimate matters, weigh
 	// most (short ones carry the chat template's fixed tokens).
@@ -100,6 +103,10 @@ type KVRouteConfig struct {
 	// Now is the clock that drains the queued prefill estimate; nil means
 	// time.Now. The simulator passes its virtual clock.
 	Now func() time.Time
+	// Metrics returns a backend's fresh scraped metrics or nil (see
+	// Options.Metrics); kvroute reads how many requests an engine runs at
+	// once where it says (llama.cpp's slots). Nil means none.
+	Metrics func(*fleet.Backend) *fleet.Metrics
 }
 
 func (c KVRouteConfig) withDefaults() KVRouteConfig {
@@ -162,6 +169,7 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 	p.index = prefix.New(n, p.blocksFor(cfg.DefaultKVTokens))
 	p.pooled = newSpeed()
 	p.holdSum, p.holdWeight = priorHold, 1
+	p.lifeSum, p.lifeN = priorHold, 1
 	p.ratioBytes, p.ratioTokens = defaultRatio*priorTokens, priorTokens
 	for i := range n {
 		p.observed[i], p.predicted[i] = priorSlowness, priorSlowness
@@ -283,6 +291,17 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		if excess := float64(loads[i].DecodeTokens) + need - kv; excess > 0 {
 			ttft += excess / kv * (p.holdSum / p.holdWeight)
 		}
+		// An engine that runs a fixed number of requests at once (llama.cpp's
+		// slots) queues the rest whole: the request waits for as many of
+		// them to finish as are ahead of it, a slot's worth per mean
+		// lifetime each.
+		if p.cfg.Metrics != nil {
+			if m := p.cfg.Metrics(b); m != nil && m.Slots > 0 {
+				if ahead := loads[i].Requests + 1 - int64(m.Slots); ahead > 0 {
+					ttft += float64(ahead) / float64(m.Slots) * (p.lifeSum / p.lifeN)
+				}
+			}
+		}
 		cost := ttft + penalty*c.own
 		if float64(loads[i].Requests+1) > bound {
 			cost = math.Inf(1) // over the load bound: only if all are
@@ -401,6 +420,8 @@ func (p *KVRoute) Observe(o Outcome) {
 	if o.Latency > 0 {
 		w := float64(o.PromptTokens + max(o.CompletionTokens, 0))
 		p.holdSum = p.holdSum*holdDecay + w*o.Latency.Seconds()
+		p.lifeSum = p.lifeSum*holdDecay + o.Latency.Seconds()
+		p.lifeN = p.lifeN*holdDecay + 1
 		p.holdWeight = p.holdWeight*holdDecay + w
 	}
 	// Speeds are learned only from requests that found no prefill waiting

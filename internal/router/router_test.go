@@ -386,3 +386,33 @@ func TestKVRouteDrainsQueuedPrefill(t *testing.T) {
 		t.Errorf("predicted TTFT %v, want at most %v: nothing left ahead", third.PredictedTTFT, want)
 	}
 }
+
+// An engine with a fixed number of slots (llama.cpp) queues requests beyond
+// them whole: a backend whose slots are all taken costs a slot's wait even
+// with the prompt cached there.
+func TestKVRouteWaitsForASlot(t *testing.T) {
+	bs := backends(2)
+	slots := map[*fleet.Backend]*fleet.Metrics{bs[0]: {Slots: 4}, bs[1]: {Slots: 4}}
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Metrics: func(b *fleet.Backend) *fleet.Metrics { return slots[b] }})
+	prompt := words(0, 8000) // about 2k tokens: 0.07 s to prefill
+	d := pick(t, p, &Request{Prompt: prompt}, bs)
+	cached, other := d.Backend, bs[1-d.Backend.Index]
+	var held []*fleet.Flight
+	for range 3 {
+		f := cached.Start(0, 1000)
+		f.FirstToken()
+		held = append(held, f)
+	}
+	if d := pick(t, p, &Request{Prompt: prompt}, bs); d.Backend != cached {
+		t.Fatalf("with a slot free the cached backend should win, went to %s", d.Backend.Name)
+	}
+	f := cached.Start(0, 1000)
+	f.FirstToken()
+	held = append(held, f)
+	if d := pick(t, p, &Request{Prompt: prompt}, bs); d.Backend != other {
+		t.Errorf("all 4 slots of %s taken, yet it got the request: %+v", cached.Name, d.Scores)
+	}
+	for _, f := range held {
+		f.Done()
+	}
+}
