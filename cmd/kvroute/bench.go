@@ -34,9 +34,11 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 		profileName string
 		opts        workload.Options
 		kvBlocks    int
+		backendURLs string
 	)
 	fs.StringVar(&spec, "workload", "chat", "workload: "+strings.Join(workload.Specs(), ", "))
 	fs.IntVar(&bf.cfg.Backends, "backends", 8, "emulated backends")
+	fs.StringVar(&backendURLs, "backend-url", "", "running servers to use instead of emulated ones, comma-separated URLs (e.g. llama-server from scripts/llama-fleet.sh); times are then real")
 	fs.StringVar(&policies, "policies", "kvroute,round-robin,least-request,session-hash", "policies to compare, comma-separated, or all: "+strings.Join(allPolicies(), ", "))
 	fs.Float64Var(&opts.Rate, "rate", 0, "arrival rate, sessions (or requests) per second of model time (0: the workload's default or the trace's timestamps)")
 	fs.IntVar(&bf.cfg.Users, "users", 0, "closed loop with this many users instead of open-loop arrivals")
@@ -52,7 +54,9 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute bench [flags]\n\n"+
 			"Plays a workload through each policy, each on a fresh emulated fleet with cold caches, and\n"+
 			"reports TTFT, end-to-end and inter-token latency, throughput, cache hit rate against its\n"+
-			"bounds, and load balance, side by side. Times are model time.\n\nFlags:\n")
+			"bounds, and load balance, side by side. Times are model time. With --backend-url the\n"+
+			"same runs go to real servers (each run's prompts carry a tag of their own, so that no\n"+
+			"run reuses another's cache), in real time.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -70,6 +74,21 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 		return bf, errors.New("--rate, --users and --duration must not be negative, --compress must be positive")
 	case bf.cfg.Goodput > 0 && bf.cfg.Users > 0:
 		return bf, errors.New("--goodput searches over arrival rates: it needs open-loop arrivals, not --users")
+	}
+	for _, u := range strings.Split(backendURLs, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			bf.cfg.BackendURLs = append(bf.cfg.BackendURLs, u)
+		}
+	}
+	if len(bf.cfg.BackendURLs) > 0 {
+		explicit := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+		for _, name := range []string{"backends", "time-scale", "profile", "kv-blocks"} {
+			if explicit[name] {
+				return bf, fmt.Errorf("--%s describes emulated backends; it cannot go with --backend-url", name)
+			}
+		}
+		bf.cfg.Backends, bf.cfg.TimeScale = len(bf.cfg.BackendURLs), 1
 	}
 	p, err := engine.LookupProfile(profileName)
 	if err != nil {
@@ -119,8 +138,13 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	cfg := bf.cfg
 	cfg.Progress = stderr
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	fmt.Fprintf(stdout, "kvroute bench: %s\n%d × %s, time scale %g; policies %s\n\n",
-		cfg.Workload.Description, cfg.Backends, cfg.Profile.Name, cfg.TimeScale, strings.Join(cfg.Policies, ", "))
+	if len(cfg.BackendURLs) > 0 {
+		fmt.Fprintf(stdout, "kvroute bench: %s\n%d real servers (%s), real time; policies %s\n\n",
+			cfg.Workload.Description, len(cfg.BackendURLs), strings.Join(cfg.BackendURLs, ", "), strings.Join(cfg.Policies, ", "))
+	} else {
+		fmt.Fprintf(stdout, "kvroute bench: %s\n%d × %s, time scale %g; policies %s\n\n",
+			cfg.Workload.Description, cfg.Backends, cfg.Profile.Name, cfg.TimeScale, strings.Join(cfg.Policies, ", "))
+	}
 	started := time.Now()
 	rep, err := bench.RunBench(ctx, cfg)
 	if rep != nil && len(rep.Runs) > 0 {

@@ -51,6 +51,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.StringVar(&cfg.sessionHeader, "session-header", proxy.DefaultSessionHeader, "request header carrying the session key")
 	fs.DurationVar(&cfg.fleet.ScrapeInterval, "scrape-interval", time.Second, "how often backends' /metrics are scraped")
 	fs.DurationVar(&cfg.fleet.HealthInterval, "health-interval", time.Second, "how often backends' /health is checked")
+	fs.DurationVar(&cfg.fleet.Timeout, "probe-timeout", fleet.DefaultTimeout, "limit of each /health, /metrics and /v1/models probe (llama-server answers /metrics only between batches: give it seconds on CPUs)")
 	fs.Float64Var(&cfg.policyOpts.KVRoute.LoadFactor, "load-factor", 2, "kvroute: no backend takes more than this × the mean in-flight requests (+1)")
 	fs.IntVar(&cfg.policyOpts.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
 	fs.IntVar(&cfg.policyOpts.KVRoute.Replicas, "replicas", 1, "kvroute: router replicas sharing these backends behind a random split (each scales its load counts and places sessions by consistent hashing)")
@@ -98,8 +99,8 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	switch {
 	case len(cfg.backends) == 0:
 		return cfg, errors.New("no backends: give --backend URL or --config FILE")
-	case cfg.fleet.ScrapeInterval <= 0 || cfg.fleet.HealthInterval <= 0:
-		return cfg, errors.New("--scrape-interval and --health-interval must be positive")
+	case cfg.fleet.ScrapeInterval <= 0 || cfg.fleet.HealthInterval <= 0 || cfg.fleet.Timeout <= 0:
+		return cfg, errors.New("--scrape-interval, --health-interval and --probe-timeout must be positive")
 	case cfg.policyOpts.KVRoute.LoadFactor < 1:
 		return cfg, fmt.Errorf("--load-factor must be at least 1, got %v", cfg.policyOpts.KVRoute.LoadFactor)
 	case cfg.policyOpts.KVRoute.Replicas < 1:

@@ -42,6 +42,15 @@ type Client struct {
 	// of its prompt and of its whole sequence (prompt and reply), tokenized
 	// as the emulator does, for computing cache bounds.
 	BlockTokens int
+	// Tag, when set, starts every conversation's first message. Real
+	// servers cannot be emptied between runs; a tag of its own per run
+	// makes sure no run reuses the cache an earlier one left behind, while
+	// prompts shared within the run stay shared.
+	Tag string
+	// IgnoreEOS asks the server to generate exactly max_tokens (vLLM's and
+	// llama.cpp's ignore_eos), so that output lengths are the workload's even
+	// when a model would stop early.
+	IgnoreEOS bool
 }
 
 // Result is one request as the client saw it. Times are in model time.
@@ -69,8 +78,9 @@ type Result struct {
 	// with fewer than two.
 	ITL time.Duration `json:"itl_ns"`
 	// ServerTTFT is the TTFT the backend itself reported (the emulator's
-	// X-Kvroute-Model-Ttft trailer), free of the client's and the
-	// router's wall-clock noise; 0 when not reported.
+	// X-Kvroute-Model-Ttft trailer; llama-server's timings.prompt_ms, its
+	// prefill compute without the wait for a slot), free of the client's
+	// and the router's wall-clock noise; 0 when not reported.
 	ServerTTFT time.Duration `json:"server_ttft_ns,omitempty"`
 	// PromptTokens, CachedTokens and CompletionTokens are the response's usage.
 	PromptTokens     int `json:"prompt_tokens"`
@@ -130,14 +140,18 @@ func (c *Client) Run(ctx context.Context, sessions []workload.Session, done func
 		s := &sessions[i]
 		msgs := []message{}
 		if s.System != "" {
-			msgs = append(msgs, message{Role: "system", Content: s.System})
+			msgs = append(msgs, message{Role: "system", Content: c.Tag + s.System})
 		}
 		for t := range s.Turns {
 			turn := &s.Turns[t]
 			if !c.sleep(ctx, turn.Think) {
 				return
 			}
-			msgs = append(msgs, message{Role: turn.MessageRole(), Content: turn.Text()})
+			text := turn.Text()
+			if len(msgs) == 0 {
+				text = c.Tag + text
+			}
+			msgs = append(msgs, message{Role: turn.MessageRole(), Content: text})
 			res, reply := c.chat(ctx, start, s.ID, msgs, turn.MaxTokens)
 			res.Session, res.Turn, res.Heavy = i, t, turn.Heavy
 			if c.BlockTokens > 0 && res.Err == nil {
@@ -232,13 +246,17 @@ type message struct {
 
 // chat sends one streaming chat request and reads the reply.
 func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs []message, maxTokens int) (Result, string) {
-	body, err := json.Marshal(map[string]any{
+	fields := map[string]any{
 		"model":          c.Model,
 		"messages":       msgs,
 		"max_tokens":     maxTokens,
 		"stream":         true,
 		"stream_options": map[string]any{"include_usage": true},
-	})
+	}
+	if c.IgnoreEOS {
+		fields["ignore_eos"] = true
+	}
+	body, err := json.Marshal(fields)
 	var res Result
 	if err != nil {
 		res.fail(err)
@@ -294,9 +312,21 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 					CachedTokens int `json:"cached_tokens"`
 				} `json:"prompt_tokens_details"`
 			} `json:"usage"`
+			// Timings is llama-server's account of the request; its
+			// prompt time is the prefill it computed, without queueing.
+			Timings *struct {
+				PromptMS float64 `json:"prompt_ms"`
+			} `json:"timings"`
+			// Error is a failure after the stream began (llama-server and
+			// vLLM send one as a data event, then end the stream).
+			Error json.RawMessage `json:"error"`
 		}
 		if err := json.Unmarshal(data, &chunk); err != nil {
 			res.fail(fmt.Errorf("bad event %q: %w", data, err))
+			return res, ""
+		}
+		if len(chunk.Error) > 0 && string(chunk.Error) != "null" {
+			res.fail(fmt.Errorf("error in the stream: %s", chunk.Error))
 			return res, ""
 		}
 		for _, ch := range chunk.Choices {
@@ -308,6 +338,9 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 				res.TTFT = c.model(time.Since(sent))
 			}
 			reply.WriteString(ch.Delta.Content)
+		}
+		if tm := chunk.Timings; tm != nil && tm.PromptMS > 0 {
+			res.ServerTTFT = time.Duration(tm.PromptMS * float64(time.Millisecond))
 		}
 		if u := chunk.Usage; u != nil {
 			res.PromptTokens, res.CompletionTokens = u.PromptTokens, u.CompletionTokens

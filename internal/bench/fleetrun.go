@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/emulator"
@@ -17,9 +19,15 @@ import (
 	"github.com/kvroute/kvroute/internal/router"
 )
 
-// FleetConfig describes an emulated fleet behind a kvroute router, all in
-// this process on loopback.
+// FleetConfig describes a fleet behind a kvroute router (or a real
+// balancer): emulated servers in this process on loopback, or real servers
+// already running.
 type FleetConfig struct {
+	// BackendURLs, when set, are running OpenAI-compatible servers (for
+	// example llama-server) to use instead of emulated ones; Backends,
+	// Profile and TimeScale are then ignored (real servers run in real
+	// time).
+	BackendURLs []string
 	// Backends is the number of emulated servers.
 	Backends int
 	// Profile is their engine profile.
@@ -35,15 +43,18 @@ type FleetConfig struct {
 	Logger *slog.Logger
 }
 
-// Fleet is a running emulated fleet and its router.
+// Fleet is a running fleet and its router.
 type Fleet struct {
 	// URL is the router's base URL.
 	URL string
 	// Model is the model the backends serve.
 	Model string
-	// Servers are the emulated backends; Names their names.
+	// Servers are the emulated backends (none for real ones); Names the
+	// backends' names.
 	Servers []*emulator.Server
 	Names   []string
+	// watch scrapes real backends for the load samples.
+	watch *fleet.Fleet
 
 	cancel   context.CancelFunc
 	servers  []*http.Server
@@ -67,22 +78,19 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	var (
 		backends []*fleet.Backend
 		urls     []string
+		err      error
+		opts     = fleet.Options{Logger: logger}
 	)
-	for i := range cfg.Backends {
-		s, err := emulator.New(emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger})
-		if err != nil {
-			return fail(err)
-		}
-		f.Model = s.Model()
-		u, err := f.serve(s)
-		if err != nil {
-			return fail(err)
-		}
-		go s.Run(ctx)
-		f.Servers = append(f.Servers, s)
-		f.Names = append(f.Names, fmt.Sprintf("gpu%d", i))
-		backends = append(backends, fleet.NewBackend(i, f.Names[i], u))
-		urls = append(urls, u.String())
+	if len(cfg.BackendURLs) > 0 {
+		backends, urls, err = f.attach(ctx, cfg.BackendURLs, logger)
+		// A real engine answers /metrics between batches: behind a long
+		// prefill the answer can take seconds.
+		opts.Timeout = realProbeTimeout
+	} else {
+		backends, urls, err = f.emulate(ctx, cfg, logger)
+	}
+	if err != nil {
+		return fail(err)
 	}
 	if IsBalancer(cfg.Policy) {
 		// A real balancer in front instead of kvroute.
@@ -93,10 +101,10 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		f.balancer, f.URL = b, b.URL
 		return f, nil
 	}
-	fl := fleet.New(backends, fleet.Options{Logger: logger})
+	fl := fleet.New(backends, opts)
 	fl.Refresh(ctx)
 	if !fl.Ready() {
-		return fail(errors.New("the emulated backends did not come up"))
+		return fail(errors.New("the backends did not come up"))
 	}
 	go fl.Run(ctx)
 	policy, err := router.New(cfg.Policy, backends, router.Options{Seed: cfg.Seed, Metrics: fl.Metrics})
@@ -113,6 +121,72 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	}
 	f.URL = u.String()
 	return f, nil
+}
+
+// realProbeTimeout bounds each probe of a real backend.
+const realProbeTimeout = 10 * time.Second
+
+// emulate starts cfg.Backends emulators, each on its own loopback port.
+func (f *Fleet) emulate(ctx context.Context, cfg FleetConfig, logger *slog.Logger) ([]*fleet.Backend, []string, error) {
+	var (
+		backends []*fleet.Backend
+		urls     []string
+	)
+	for i := range cfg.Backends {
+		s, err := emulator.New(emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger})
+		if err != nil {
+			return nil, nil, err
+		}
+		f.Model = s.Model()
+		u, err := f.serve(s)
+		if err != nil {
+			return nil, nil, err
+		}
+		go s.Run(ctx)
+		f.Servers = append(f.Servers, s)
+		f.Names = append(f.Names, fmt.Sprintf("gpu%d", i))
+		backends = append(backends, fleet.NewBackend(i, f.Names[i], u))
+		urls = append(urls, u.String())
+	}
+	return backends, urls, nil
+}
+
+// attach checks that the real servers at rawURLs are up and serve a common
+// model, names them by host:port, and keeps a fleet of its own watching
+// them for the load samples. It returns the router's backends and their
+// URLs.
+func (f *Fleet) attach(ctx context.Context, rawURLs []string, logger *slog.Logger) ([]*fleet.Backend, []string, error) {
+	var backends, watched []*fleet.Backend
+	var urls []string
+	for i, raw := range rawURLs {
+		u, err := url.Parse(strings.TrimRight(strings.TrimSpace(raw), "/"))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, nil, fmt.Errorf("backend URL %q: want http://HOST:PORT", raw)
+		}
+		f.Names = append(f.Names, u.Host)
+		backends = append(backends, fleet.NewBackend(i, u.Host, u))
+		watched = append(watched, fleet.NewBackend(i, u.Host, u))
+		urls = append(urls, u.String())
+	}
+	f.watch = fleet.New(watched, fleet.Options{Logger: logger, Timeout: realProbeTimeout})
+	f.watch.Refresh(ctx)
+	var common []string
+	for i, b := range watched {
+		info := b.Info()
+		if !b.Healthy() || info == nil {
+			return nil, nil, fmt.Errorf("backend %s is not up (health or /v1/models failed)", urls[i])
+		}
+		if i == 0 {
+			common = slices.Clone(info.Models)
+		} else {
+			common = slices.DeleteFunc(common, func(m string) bool { return !info.Serves(m) })
+		}
+	}
+	if len(common) == 0 {
+		return nil, nil, errors.New("the backends serve no model in common")
+	}
+	f.Model = common[0]
+	return backends, urls, nil
 }
 
 // serve starts h on a fresh loopback port.

@@ -208,7 +208,10 @@ func (r *Report) page() reportPage {
 	p.CDF = ttftCDF(r.Runs, styles)
 	p.HitRate = hitRateChart(r.Runs, styles, r.Bounds)
 	p.HitNote = "The bounds were not computed for this run."
-	if r.Bounds.Ideal != 0 || r.Bounds.Unlimited != 0 {
+	if r.Bounds.Ideal == 0 && r.Bounds.Unlimited != 0 {
+		p.HitNote = fmt.Sprintf("Unlimited-cache bound %s: every repeated block hits. The fleet's cache capacity is "+
+			"unknown, so there is no ideal-router bound.", fmtPct(r.Bounds.Unlimited))
+	} else if r.Bounds.Ideal != 0 || r.Bounds.Unlimited != 0 {
 		p.HitNote = fmt.Sprintf("Ideal-router bound %s: one LRU cache pooling every backend's KV blocks, no block held twice "+
 			"(a perfect router at the fleet's real capacity). Unlimited-cache bound %s: every repeated block hits.",
 			fmtPct(r.Bounds.Ideal), fmtPct(r.Bounds.Unlimited))

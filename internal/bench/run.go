@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -22,6 +23,13 @@ type Config struct {
 	// Backends is the number of emulated servers; Profile their model.
 	Backends int
 	Profile  engine.Profile
+	// BackendURLs, when set, are running servers (llama-server, vLLM, ...)
+	// to play the workload against instead of emulators: Backends, Profile
+	// and TimeScale are ignored, times are real. Their caches cannot be
+	// emptied between policies, so each run tags its prompts (Client.Tag)
+	// to start from a cold cache all the same; their KV capacity is
+	// unknown, so there is no ideal-router bound.
+	BackendURLs []string
 	// Policies are kvroute --policy values or real balancers (Balancers()).
 	Policies []string
 	// TimeScale is wall seconds per model second.
@@ -52,6 +60,11 @@ func RunBench(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Sample <= 0 {
 		cfg.Sample = time.Second
 	}
+	real := len(cfg.BackendURLs) > 0
+	if real {
+		cfg.Backends, cfg.TimeScale = len(cfg.BackendURLs), 1
+		cfg.Profile = engine.Profile{Name: "real servers"}
+	}
 	rep := &Report{
 		Workload:           cfg.Workload.Name,
 		Description:        cfg.Workload.Description,
@@ -70,7 +83,13 @@ func RunBench(ctx context.Context, cfg Config) (*Report, error) {
 		if i == 0 {
 			// The bounds depend on the workload and the fleet's capacity
 			// only; the first run's requests carry the block hashes.
-			rep.Bounds = CacheBounds(run.Requests, blockTokens, cfg.Backends*cfg.Profile.Blocks())
+			if real {
+				// Capacity unknown: only the unlimited bound holds.
+				rep.Bounds = CacheBounds(run.Requests, blockTokens, math.MaxInt32)
+				rep.Bounds.Ideal = 0
+			} else {
+				rep.Bounds = CacheBounds(run.Requests, blockTokens, cfg.Backends*cfg.Profile.Blocks())
+			}
 			for j := range run.Requests {
 				run.Requests[j].PromptBlocks, run.Requests[j].SequenceBlocks = nil, nil
 			}
@@ -93,7 +112,8 @@ func RunBench(ctx context.Context, cfg Config) (*Report, error) {
 // runOnce plays sessions through one policy on a fresh fleet.
 func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload.Session, recordBlocks bool) (*Run, error) {
 	f, err := StartFleet(ctx, FleetConfig{
-		Backends: cfg.Backends, Profile: cfg.Profile, TimeScale: cfg.TimeScale,
+		BackendURLs: cfg.BackendURLs,
+		Backends:    cfg.Backends, Profile: cfg.Profile, TimeScale: cfg.TimeScale,
 		Policy: policy, Seed: cfg.Seed, Logger: cfg.Logger,
 	})
 	if err != nil {
@@ -113,8 +133,12 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 		)
 		done = func(Result) { bar.Add(1) }
 	}
-	sampler := f.sampleLoad(cfg.Sample, cfg.TimeScale)
+	sampler := f.sampleLoad(ctx, cfg.Sample, cfg.TimeScale)
 	c := &Client{BaseURL: f.URL, Model: f.Model, TimeScale: cfg.TimeScale, Users: cfg.Users}
+	if f.watch != nil {
+		c.IgnoreEOS = true
+		c.Tag = runTag(policy)
+	}
 	if recordBlocks {
 		c.BlockTokens = blockTokens
 	}
@@ -138,6 +162,53 @@ func requests(sessions []workload.Session) int {
 	return n
 }
 
+// runTag returns a tag that no earlier run, in this process or another,
+// has sent: the policy, for people reading server logs, and a nonce.
+func runTag(policy string) string {
+	return fmt.Sprintf("[bench run %s %x] ", policy, runNonce.Add(1)^uint64(time.Now().UnixNano()))
+}
+
+var runNonce atomic.Uint64
+
+// backendStats is a backend's state and cumulative counters at one moment.
+type backendStats struct {
+	running, waiting int
+	kvUsage          float64
+	// busy is compute time in model time; prompt and cached count prompt
+	// tokens, all since the backend started.
+	busy           time.Duration
+	prompt, cached int64
+}
+
+// stats reads every backend's state: the emulators' own, or what real
+// backends' /metrics (and llama-server's /slots) say. A real backend that
+// does not answer keeps its previous reading (prev, which may be nil).
+func (f *Fleet) stats(ctx context.Context, prev []backendStats) []backendStats {
+	out := make([]backendStats, len(f.Names))
+	if f.watch == nil {
+		for i, srv := range f.Servers {
+			st := srv.Stats()
+			out[i] = backendStats{running: st.Running, waiting: st.Waiting, kvUsage: st.KVUsage,
+				busy: st.BusyTime, prompt: st.PrefixQueries, cached: st.PrefixHits}
+		}
+		return out
+	}
+	f.watch.Refresh(ctx)
+	for i, b := range f.watch.Backends() {
+		m := f.watch.Metrics(b)
+		if m == nil {
+			if prev != nil {
+				out[i] = prev[i]
+			}
+			continue
+		}
+		out[i] = backendStats{running: int(m.Running), waiting: int(m.Waiting), kvUsage: m.KVUsage,
+			busy:   time.Duration(m.BusySeconds * float64(time.Second)),
+			prompt: int64(m.PrefixQueries), cached: int64(m.PrefixHits)}
+	}
+	return out
+}
+
 // loadSampler records every backend's load at regular intervals.
 type loadSampler struct {
 	f      *Fleet
@@ -145,16 +216,22 @@ type loadSampler struct {
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	series []BackendSeries
+	// first and last are the readings at the start and the latest; the
+	// totals are their difference, since real backends did not start with
+	// this run.
+	first, last []backendStats
 }
 
 // sampleLoad starts sampling the fleet's backends every interval of model
 // time.
-func (f *Fleet) sampleLoad(interval time.Duration, scale float64) *loadSampler {
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &loadSampler{f: f, cancel: cancel, series: make([]BackendSeries, len(f.Servers))}
+func (f *Fleet) sampleLoad(ctx context.Context, interval time.Duration, scale float64) *loadSampler {
+	ctx, cancel := context.WithCancel(ctx)
+	s := &loadSampler{f: f, cancel: cancel, series: make([]BackendSeries, len(f.Names))}
 	for i := range s.series {
 		s.series[i].Name = f.Names[i]
 	}
+	s.first = f.stats(ctx, nil)
+	s.last = s.first
 	start := time.Now()
 	s.wg.Add(1)
 	go func() {
@@ -162,7 +239,7 @@ func (f *Fleet) sampleLoad(interval time.Duration, scale float64) *loadSampler {
 		t := time.NewTicker(time.Duration(math.Max(float64(interval)*scale, float64(10*time.Millisecond))))
 		defer t.Stop()
 		for {
-			s.take(time.Duration(float64(time.Since(start)) / scale))
+			s.take(ctx, time.Duration(float64(time.Since(start))/scale))
 			select {
 			case <-ctx.Done():
 				return
@@ -173,26 +250,31 @@ func (f *Fleet) sampleLoad(interval time.Duration, scale float64) *loadSampler {
 	return s
 }
 
-func (s *loadSampler) take(at time.Duration) {
+func (s *loadSampler) take(ctx context.Context, at time.Duration) {
+	s.mu.Lock()
+	last := s.last
+	s.mu.Unlock()
+	st := s.f.stats(ctx, last) // without the lock: a real backend may take a while
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, srv := range s.f.Servers {
-		st := srv.Stats()
-		s.series[i].Samples = append(s.series[i].Samples, LoadSample{At: at, Running: st.Running, Waiting: st.Waiting, KVUsage: st.KVUsage})
+	s.last = st
+	for i, b := range st {
+		s.series[i].Samples = append(s.series[i].Samples, LoadSample{At: at, Running: b.running, Waiting: b.waiting, KVUsage: b.kvUsage})
 	}
 }
 
-// stop ends sampling and returns the series with the backends' totals.
+// stop ends sampling and returns the series with the backends' totals for
+// the run.
 func (s *loadSampler) stop() []BackendSeries {
 	s.cancel()
 	s.wg.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, srv := range s.f.Servers {
-		st := srv.Stats()
-		s.series[i].Busy = st.BusyTime
-		s.series[i].PromptTokens = st.PrefixQueries
-		s.series[i].CachedTokens = st.PrefixHits
+	end := s.f.stats(context.Background(), s.last)
+	for i, e := range end {
+		s.series[i].Busy = e.busy - s.first[i].busy
+		s.series[i].PromptTokens = e.prompt - s.first[i].prompt
+		s.series[i].CachedTokens = e.cached - s.first[i].cached
 	}
 	return s.series
 }

@@ -25,8 +25,9 @@ type Summary struct {
 	ITLP50  time.Duration `json:"itl_p50_ns"`
 	ITLP99  time.Duration `json:"itl_p99_ns"`
 	// ServerTTFTP50 and ServerTTFTP99 are the TTFTs the backends measured
-	// (emulators only; 0 otherwise): the same as TTFT less the client's,
-	// the router's and the machine's wall-clock overheads.
+	// (emulators and llama-server; 0 otherwise): the same as TTFT less the
+	// client's, the router's and the machine's wall-clock overheads (and,
+	// for llama-server, less the wait for a free slot).
 	ServerTTFTP50 time.Duration `json:"server_ttft_p50_ns,omitempty"`
 	ServerTTFTP99 time.Duration `json:"server_ttft_p99_ns,omitempty"`
 	// Span is the time from the first request sent to the last finished.
@@ -138,9 +139,12 @@ func WriteTable(w io.Writer, sums []Summary, bounds Bounds) error {
 		row("inter-token p99", func(s Summary) string { return fmt.Sprintf("%.1f ms", float64(s.ITLP99)/float64(time.Millisecond)) })
 		row("output tokens/s", func(s Summary) string { return fmt.Sprintf("%.0f", s.OutputTokensPerSec) })
 	}
+	row("prefill tokens computed", func(s Summary) string { return fmt.Sprint(s.PromptTokens - s.CachedTokens) })
 	row("prompt-cache hit rate", func(s Summary) string { return fmt.Sprintf("%.1f %%", 100*s.HitRate) })
 	if bounds.Ideal > 0 {
 		row(fmt.Sprintf("  of ideal bound (%.1f %%)", 100*bounds.Ideal), func(s Summary) string { return fmt.Sprintf("%.0f %%", 100*s.HitRate/bounds.Ideal) })
+	}
+	if bounds.Unlimited > 0 {
 		row(fmt.Sprintf("  of unlimited cache (%.1f %%)", 100*bounds.Unlimited), func(s Summary) string { return fmt.Sprintf("%.0f %%", 100*s.HitRate/bounds.Unlimited) })
 	}
 	row("load imbalance (max/mean busy)", func(s Summary) string { return fmt.Sprintf("%.2f", s.Imbalance) })

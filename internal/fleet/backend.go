@@ -68,11 +68,20 @@ type Metrics struct {
 	// Running and Waiting are the engine's batch and queue lengths.
 	Running, Waiting float64
 	// KVUsage is the fraction of KV cache in use, in [0, 1]; negative when
-	// the engine does not report it.
+	// the engine does not report it. For llama.cpp it comes from /slots:
+	// the context held by busy slots over all slots' context.
 	KVUsage float64
 	// PrefixHits and PrefixQueries are the engine's cumulative prefix-cache
 	// counters in tokens (0 when not reported).
 	PrefixHits, PrefixQueries float64
+	// BusySeconds is the engine's cumulative compute time, in seconds
+	// (llama.cpp: prompt plus generation time, summed over slots); 0 when
+	// not reported.
+	BusySeconds float64
+	// Slots and SlotContext describe a llama.cpp server's parallel slots
+	// (from /slots): how many, and the context each can hold, in tokens
+	// (the smallest, if they differ). 0 for other engines.
+	Slots, SlotContext int
 	// At is when the scrape finished.
 	At time.Time
 }

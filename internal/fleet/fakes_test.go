@@ -25,6 +25,7 @@ type fakeBackend struct {
 	metricsStatus int
 	models        string
 	metrics       string
+	slots         string // "" answers 404, like a server without /slots
 	hits          map[string]int
 	// block, when set, is waited on by /health before it answers: a probe
 	// held in flight.
@@ -61,6 +62,11 @@ func (fb *fakeBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		status, body = fb.modelsStatus, fb.models
 	case "/metrics":
 		status, body = fb.metricsStatus, fb.metrics
+	case "/slots":
+		status, body = http.StatusNotFound, fb.slots
+		if body != "" {
+			status = http.StatusOK
+		}
 	default:
 		status = http.StatusNotFound
 	}
@@ -394,4 +400,26 @@ llamacpp:requests_deferred 0
 # HELP llamacpp:n_busy_slots_per_decode Average number of busy slots per llama_decode() call
 # TYPE llamacpp:n_busy_slots_per_decode counter
 llamacpp:n_busy_slots_per_decode 1
+`
+
+// llamacppCachedMetrics is the llama-server of node-llama-cpp 3.21.1, which
+// counts cached prompt tokens apart from computed ones.
+const llamacppCachedMetrics = `# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 1200
+# HELP llamacpp:prompt_tokens_cached_total Number of prompt tokens reused from the cache
+# TYPE llamacpp:prompt_tokens_cached_total counter
+llamacpp:prompt_tokens_cached_total 800
+# HELP llamacpp:prompt_seconds_total Total time spent processing prompts
+# TYPE llamacpp:prompt_seconds_total counter
+llamacpp:prompt_seconds_total 1.25
+# HELP llamacpp:tokens_predicted_seconds_total Total time spent generating tokens
+# TYPE llamacpp:tokens_predicted_seconds_total counter
+llamacpp:tokens_predicted_seconds_total 2.25
+# HELP llamacpp:requests_processing Number of requests processing
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 1
+# HELP llamacpp:requests_deferred Number of requests deferred
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 0
 `

@@ -106,8 +106,8 @@ type Fleet struct {
 // member is a fleet's private state for one backend: probe URLs, the health
 // counters and the scrape buffers.
 type member struct {
-	b                                      *Backend
-	base, healthURL, modelsURL, metricsURL string
+	b                                                *Backend
+	base, healthURL, modelsURL, metricsURL, slotsURL string
 
 	mu sync.Mutex // guards the fields below and changes of b's health and info
 	// passes and fails count consecutive health-check outcomes.
@@ -166,6 +166,7 @@ func New(backends []*Backend, opts Options) *Fleet {
 			healthURL:  b.URL.JoinPath("health").String(),
 			modelsURL:  b.URL.JoinPath("v1", "models").String(),
 			metricsURL: b.URL.JoinPath("metrics").String(),
+			slotsURL:   b.URL.JoinPath("slots").String(),
 		}
 		f.members[i] = m
 		f.byPtr[b] = m

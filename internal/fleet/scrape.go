@@ -39,13 +39,21 @@ var (
 		{"vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"},
 		{"sglang:cached_tokens_total", "sglang:prompt_tokens_total"},
 	}
+	// llama.cpp counts the prompt tokens it computed and those it reused
+	// apart: the queries are their sum.
+	llamaComputedName, llamaCachedName = "llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total"
+	// llama.cpp's compute time in seconds, prompt and generation, each
+	// summed over its slots.
+	busyNames = []string{"llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total"}
+	// llamaName marks a llama.cpp server, which has /slots to read too.
+	llamaName       = "llamacpp:requests_processing"
 	cacheConfigName = "vllm:cache_config_info"
 )
 
 // wanted is every name above: the only lines of a scrape worth parsing.
 var wanted = func() map[string]bool {
-	w := map[string]bool{cacheConfigName: true}
-	for _, names := range [][]string{runningNames, waitingNames, kvUsageNames} {
+	w := map[string]bool{cacheConfigName: true, llamaComputedName: true, llamaCachedName: true}
+	for _, names := range [][]string{runningNames, waitingNames, kvUsageNames, busyNames} {
 		for _, n := range names {
 			w[n] = true
 		}
@@ -75,6 +83,8 @@ type scraper struct {
 	rd     bytes.Reader
 	parser expfmt.TextParser
 	ready  bool
+	// llama is set when the last parse found llama.cpp's metrics.
+	llama bool
 }
 
 // scrape reads m's /metrics and stores its load signals with At = now, and
@@ -93,6 +103,9 @@ func (f *Fleet) scrape(ctx context.Context, m *member) {
 		met, cache, err = m.scraper.parse(r)
 		return err
 	})
+	if err == nil && m.scraper.llama {
+		f.scrapeSlots(ctx, m, met)
+	}
 	if ctx.Err() != nil {
 		return
 	}
@@ -153,6 +166,18 @@ func (s *scraper) parse(r io.Reader) (*Metrics, cacheConfig, error) {
 			break
 		}
 	}
+	// Builds older than the cached counter count computed tokens only: no
+	// hit rate can be told from that.
+	computed, okP := sum(fams[llamaComputedName])
+	if cached, okC := sum(fams[llamaCachedName]); okP && okC {
+		met.PrefixHits, met.PrefixQueries = cached, computed+cached
+	}
+	for _, n := range busyNames {
+		if v, ok := sum(fams[n]); ok {
+			met.BusySeconds += v
+		}
+	}
+	_, s.llama = fams[llamaName]
 	return met, cacheShape(fams[cacheConfigName]), nil
 }
 

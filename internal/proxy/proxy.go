@@ -192,8 +192,9 @@ func cmp(s, def string) string {
 // timeout (a refused or unroutable backend is retried elsewhere), no
 // response-header timeout (a non-streaming generation sends its headers
 // only when it is done), no proxy from the environment (backends are
-// internal) and no compression (the proxy reads usage from the bodies, and
-// LLM traffic is small next to its compute).
+// internal), no compression (the proxy reads usage from the bodies, and
+// LLM traffic is small next to its compute), and idle connections dropped
+// before the backends drop them (below).
 func NewTransport() *http.Transport {
 	return &http.Transport{
 		DialContext: (&net.Dialer{
@@ -203,7 +204,11 @@ func NewTransport() *http.Transport {
 		ForceAttemptHTTP2:   true,
 		MaxIdleConns:        0, // no limit overall; per host below
 		MaxIdleConnsPerHost: 1024,
-		IdleConnTimeout:     90 * time.Second,
+		// Below the 5 s keep-alive of uvicorn (vLLM, SGLang) and
+		// cpp-httplib (llama-server): a server that closes an idle
+		// connection just as the proxy reuses it fails that request, and a
+		// POST is not replayed.
+		IdleConnTimeout:     4 * time.Second,
 		TLSHandshakeTimeout: 10 * time.Second,
 		DisableCompression:  true,
 		ReadBufferSize:      8 << 10,

@@ -2,6 +2,7 @@ package router
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -23,12 +24,12 @@ var (
 //
 // where the queued prefill and the decoding requests are the router's own
 // exact, immediate counts of the work it sent, the uncached tokens come from
-// the prefix index, overhead, rate and slowdown are learned per backend from
-// observed TTFTs (pooled over the fleet until a backend has its own
-// samples), and the KV wait is the time until b's cache has room for the
-// request: the tokens b's requests hold plus the request's own beyond b's
-// KV capacity, freed at about one cache's worth per mean request lifetime
-// (also learned).
+// the prefix index, overhead, rate and slowdown are learned from observed
+// TTFTs over the whole fleet and scaled per backend by how much slower or
+// faster its own TTFTs have been than that fit predicted, and the KV wait is
+// the time until b's cache has room for the request: the tokens b's requests
+// hold plus the request's own beyond b's KV capacity, freed at about one
+// cache's worth per mean request lifetime (also learned).
 //
 // To that it adds the uncached prefill once more, times MissPenalty: the
 // price the rest of the fleet pays for a recomputed prefix. It picks the
@@ -43,17 +44,40 @@ type KVRoute struct {
 	rand  *lockedRand
 	index *prefix.Index
 
-	mu       sync.Mutex
-	pooled   speed   // learned from every backend: the prior of each
-	speeds   []speed // by backend index
-	capacity []int   // index capacity in blocks last derived from Info, by backend index
+	mu     sync.Mutex
+	pooled speed // learned from every backend
+	// slowness is each backend's observed TTFT over the pooled fit's
+	// prediction, as decayed sums (by backend index). A fleet is mostly
+	// alike; fitting each backend alone lets a few long prompts give one
+	// a rate far off the others' and draw every long prompt to it.
+	observed, predicted []float64
+	// sumSlow is Σ observed/predicted over the backends: predictions use
+	// each backend's slowness relative to the fleet's mean, so that what the
+	// pooled fit got wrong while it was learning cancels out.
+	sumSlow  float64
+	capacity []int // index capacity in blocks last derived from Info, by backend index
 	// hold is the learned mean time a token of KV is held, in seconds: the
 	// requests' lifetimes weighted by their tokens (decayed sums), since
 	// the long requests are the ones that hold the cache.
 	holdSum, holdWeight float64
-	ratio               float64 // learned prompt bytes per token
-	ratioN              int     // observations behind ratio, up to 64
-	sessions            map[string]int
+	// life is the mean time a request is in flight, in seconds (decayed
+	// sums): how long a slot stays taken.
+	lifeSum, lifeN float64
+	// ratio is the learned prompt bytes per token: decayed sums of bytes
+	// and tokens, so that long prompts, whose estimate matters, weigh
+	// most (short ones carry the chat template's fixed tokens).
+	ratio                   float64
+	ratioBytes, ratioTokens float64
+	sessions                map[string]int
+	// queue is each backend's prefill work ahead of a new request as of a
+	// moment, by backend index: the router's count of the prefill it sent
+	// there overstates it as soon as the backend starts computing, and a
+	// long prompt half done is half the wait.
+	queue []drain
+	// arrivals counts the requests routed, decayed over arrivalWindow
+	// seconds, as of arrivedAt.
+	arrivals  float64
+	arrivedAt time.Time
 
 	scratch sync.Pool // *pickScratch
 }
@@ -76,6 +100,13 @@ type KVRouteConfig struct {
 	MissPenalty float64
 	// Seed seeds the tie-breaks; 0 picks a random seed.
 	Seed uint64
+	// Now is the clock that drains the queued prefill estimate; nil means
+	// time.Now. The simulator passes its virtual clock.
+	Now func() time.Time
+	// Metrics returns a backend's fresh scraped metrics or nil (see
+	// Options.Metrics); kvroute reads how many requests an engine runs at
+	// once where it says (llama.cpp's slots). Nil means none.
+	Metrics func(*fleet.Backend) *fleet.Metrics
 	// Replicas is the number of router replicas sharing the fleet behind a
 	// random split (default 1); with more, each scales its counts of the
 	// load and places sessions it does not know by consistent hashing (see
@@ -89,6 +120,9 @@ func (c KVRouteConfig) withDefaults() KVRouteConfig {
 	}
 	if c.LoadFactor <= 0 {
 		c.LoadFactor = 2
+	}
+	if c.Now == nil {
+		c.Now = time.Now
 	}
 	if c.DefaultKVTokens <= 0 {
 		c.DefaultKVTokens = 400_000
@@ -104,13 +138,18 @@ func (c KVRouteConfig) withDefaults() KVRouteConfig {
 
 const (
 	defaultRatio   = 4.0 // bytes of prompt text per token
+	priorTokens    = 1000.0
+	ratioDecay     = 1 - 1.0/64
 	defaultOutput  = 256 // tokens expected when a request does not say
 	priorHold      = 5.0 // seconds a token of KV is held, until observed
 	holdDecay      = 1 - 1.0/256
 	maxSessions    = 1 << 17
 	tieTolerance   = 0.1   // relative: learned speeds carry noise of this order
 	tieFloor       = 0.005 // s
-	ownSamples     = 16    // observations before a backend's own fit replaces the pooled one
+	priorSlowness  = 20.0  // s of TTFT behind the prior that a backend is as fast as the fleet
+	slownessDecay  = 1 - 1.0/500
+	speedNoise     = 0.05 // relative error of a predicted prefill: ties within it
+	arrivalWindow  = 30.0 // s
 	capacityShrink = 0.9
 )
 
@@ -123,19 +162,24 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 		n = max(n, b.Index+1)
 	}
 	p := &KVRoute{
-		cfg:      cfg,
-		rand:     newRand(cfg.Seed),
-		speeds:   make([]speed, n),
-		capacity: make([]int, n),
-		ratio:    defaultRatio,
-		sessions: make(map[string]int),
+		cfg:       cfg,
+		rand:      newRand(cfg.Seed),
+		observed:  make([]float64, n),
+		predicted: make([]float64, n),
+		capacity:  make([]int, n),
+		ratio:     defaultRatio,
+		sessions:  make(map[string]int),
+		queue:     make([]drain, n),
 	}
 	p.index = prefix.New(n, p.blocksFor(cfg.DefaultKVTokens))
 	p.pooled = newSpeed()
 	p.holdSum, p.holdWeight = priorHold, 1
-	for i := range p.speeds {
-		p.speeds[i] = newSpeed()
+	p.lifeSum, p.lifeN = priorHold, 1
+	p.ratioBytes, p.ratioTokens = defaultRatio*priorTokens, priorTokens
+	for i := range n {
+		p.observed[i], p.predicted[i] = priorSlowness, priorSlowness
 	}
+	p.sumSlow = float64(n)
 	p.scratch.New = func() any { return &pickScratch{matched: make([]int, n)} }
 	return p
 }
@@ -143,9 +187,48 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 // Name implements Policy.
 func (*KVRoute) Name() string { return "kvroute" }
 
+// drain is a fluid model of one backend's prefill queue: work seconds of
+// prefill at the moment at, computed since at one second a second.
+type drain struct {
+	work float64
+	at   time.Time
+}
+
+// left returns the seconds of prefill still ahead at now on a backend where
+// count prompt tokens the router sent still await their first token: none
+// when none do.
+func (d drain) left(now time.Time, count int64) float64 {
+	if count <= 0 {
+		return 0
+	}
+	return math.Max(0, d.work-now.Sub(d.at).Seconds())
+}
+
+// candidate is what Pick works out about one backend before costing it.
+type candidate struct {
+	cached int     // prompt tokens predicted cached there
+	miss   float64 // prompt tokens to compute there
+	slow   float64 // its TTFTs over the fleet's, relative to the mean
+	queued float64 // seconds of prefill ahead there
+	own    float64 // seconds of the request's own prefill there
+}
+
+// arrivalRate returns the requests a second the policy has routed lately,
+// and counts one more.
+func (p *KVRoute) arrivalRate(now time.Time) float64 {
+	if !p.arrivedAt.IsZero() {
+		p.arrivals *= math.Exp(-now.Sub(p.arrivedAt).Seconds() / arrivalWindow)
+	}
+	p.arrivals++
+	p.arrivedAt = now
+	return p.arrivals / arrivalWindow
+}
+
 type pickScratch struct {
 	hashes  []uint64
 	matched []int
+	loads   []fleet.Load
+	cand    []candidate
 }
 
 // blocksFor converts a KV capacity in tokens into index blocks.
@@ -164,13 +247,15 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	longest := p.index.Match(s.hashes, s.matched)
 
 	var total int64
-	loads := make([]fleet.Load, len(cands))
+	s.loads = slices.Grow(s.loads[:0], len(cands))[:len(cands)]
+	loads := s.loads
 	for i, b := range cands {
 		loads[i] = p.load(b)
 		total += loads[i].Requests
 	}
 	bound := p.cfg.LoadFactor*float64(total+1)/float64(len(cands)) + 1
 
+	now := p.cfg.Now()
 	p.mu.Lock()
 	ratio := p.ratio
 	session, hasSession := p.sessions[req.SessionKey]
@@ -178,15 +263,29 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	promptTokens := req.promptTokens(ratio)
 	need := float64(promptTokens + max(req.MaxTokens, defaultOutput))
 	scores := make([]Score, len(cands))
-	best := -1
+	s.cand = slices.Grow(s.cand[:0], len(cands))[:len(cands)]
+	cand := s.cand
+	clear(cand)
+	meanSlow := p.sumSlow / float64(len(p.observed))
+	backlog := math.Inf(1)
 	for i, b := range cands {
-		cached := min(promptTokens, int(float64(s.matched[b.Index]*p.cfg.BlockBytes)/ratio))
-		sp := &p.pooled
-		if p.speeds[b.Index].n >= ownSamples {
-			sp = &p.speeds[b.Index]
-		}
-		miss := float64(promptTokens - cached)
-		ttft := sp.predict(float64(loads[i].PrefillTokens)+miss, float64(loads[i].Decoding))
+		c := &cand[i]
+		c.cached = min(promptTokens, int(float64(s.matched[b.Index]*p.cfg.BlockBytes)/ratio))
+		c.slow = p.observed[b.Index] / p.predicted[b.Index] / meanSlow
+		c.miss = float64(promptTokens - c.cached)
+		c.queued = p.queue[b.Index].left(now, loads[i].PrefillTokens)
+		c.own = c.slow * p.pooled.prefill(c.miss, float64(c.cached))
+		backlog = math.Min(backlog, c.queued)
+	}
+	// The miss penalty grows with the backlog every backend has: once the
+	// whole fleet is queued, a recomputed prefix delays each request that
+	// arrives behind it there, about one per mean gap between arrivals, for
+	// as long as the least loaded backend's queue.
+	penalty := p.cfg.MissPenalty * (1 + p.arrivalRate(now)/float64(len(cands))*backlog)
+	best, floor, floorTTFT := -1, math.Inf(1), math.Inf(1)
+	for i, b := range cands {
+		c := &cand[i]
+		ttft := c.queued + c.slow*p.pooled.predict(c.miss, float64(c.cached), float64(loads[i].Decoding))
 		// A request waits for KV memory when what the backend's requests
 		// hold plus what it needs exceeds the cache: until enough of them
 		// finish, at about a cache's worth per mean holding time.
@@ -197,16 +296,30 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		if excess := float64(loads[i].DecodeTokens) + need - kv; excess > 0 {
 			ttft += excess / kv * (p.holdSum / p.holdWeight)
 		}
-		cost := ttft + p.cfg.MissPenalty*miss/sp.rate
+		// An engine that runs a fixed number of requests at once (llama.cpp's
+		// slots) queues the rest whole: the request waits for as many of
+		// them to finish as are ahead of it, a slot's worth per mean
+		// lifetime each.
+		if p.cfg.Metrics != nil {
+			if m := p.cfg.Metrics(b); m != nil && m.Slots > 0 {
+				if ahead := loads[i].Requests + 1 - int64(m.Slots); ahead > 0 {
+					ttft += float64(ahead) / float64(m.Slots) * (p.lifeSum / p.lifeN)
+				}
+			}
+		}
+		cost := ttft + penalty*c.own
 		if float64(loads[i].Requests+1) > bound {
 			cost = math.Inf(1) // over the load bound: only if all are
 		}
-		scores[i] = Score{Backend: b.Name, Cost: cost, TTFT: seconds(ttft), Cached: cached}
+		scores[i] = Score{Backend: b.Name, Cost: cost, TTFT: seconds(ttft), Cached: c.cached}
 		if best < 0 || cost < scores[best].Cost {
 			best = i
 		}
+		// The cost on an idle backend: what no choice can avoid, and the
+		// TTFT there, whose error makes near costs ties.
+		floor = math.Min(floor, c.slow*p.pooled.overhead+(1+penalty)*c.own)
+		floorTTFT = math.Min(floorTTFT, c.slow*p.pooled.overhead+c.own)
 	}
-	p.mu.Unlock()
 	if math.IsInf(scores[best].Cost, 1) {
 		// Every backend is over the bound (cannot happen with the +1 slack
 		// unless the fleet is tiny): fall back to the least loaded.
@@ -217,10 +330,12 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 			}
 		}
 	} else {
-		best = p.breakTie(scores, cands, best, session, hasSession, p.placementKey(req, s.hashes))
+		best = p.breakTie(scores, cands, best, floor, floorTTFT, session, hasSession, p.placementKey(req, s.hashes))
 	}
-
 	chosen := cands[best]
+	p.queue[chosen.Index] = drain{work: cand[best].queued + cand[best].own, at: now}
+	p.mu.Unlock()
+
 	d := Decision{
 		Backend:       chosen,
 		PromptTokens:  promptTokens,
@@ -255,11 +370,17 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 
 // breakTie returns a random candidate among those whose cost is within the
 // tolerance of the best, preferring the session's backend when it is one.
-func (p *KVRoute) breakTie(scores []Score, cands []*fleet.Backend, best, session int, hasSession bool, key uint64) int {
+// The tolerance is relative to the part of the cost that depends on the
+// choice (the best cost above the floor, the cheapest idle backend's), plus
+// the prediction's own error on the request's prefill: a long prompt's
+// prefill seconds are no reason to call a half-second difference in queues a
+// tie, nor is a learned speed's noise a reason to herd onto one backend.
+func (p *KVRoute) breakTie(scores []Score, cands []*fleet.Backend, best int, floor, floorTTFT float64, session int, hasSession bool, key uint64) int {
 	if key != 0 && !hasSession {
 		return placeByKey(scores, cands, best, key)
 	}
-	limit := scores[best].Cost + math.Max(scores[best].Cost*tieTolerance, tieFloor)
+	c := scores[best].Cost
+	limit := c + math.Max(tieFloor, tieTolerance*math.Max(0, c-floor)+speedNoise*floorTTFT)
 	ties, pick := 0, best
 	for i := range scores {
 		if scores[i].Cost > limit {
@@ -300,22 +421,31 @@ func (p *KVRoute) Observe(o Outcome) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(o.Request.Prompt) > 0 {
-		// A running mean at first, then a moving one over about 64
-		// requests.
-		r := float64(len(o.Request.Prompt)) / float64(o.PromptTokens)
-		p.ratioN = min(p.ratioN+1, 64)
-		p.ratio += (r - p.ratio) / float64(p.ratioN)
+		p.ratioBytes = p.ratioBytes*ratioDecay + float64(len(o.Request.Prompt))
+		p.ratioTokens = p.ratioTokens*ratioDecay + float64(o.PromptTokens)
+		p.ratio = p.ratioBytes / p.ratioTokens
 	}
 	if o.Latency > 0 {
 		w := float64(o.PromptTokens + max(o.CompletionTokens, 0))
 		p.holdSum = p.holdSum*holdDecay + w*o.Latency.Seconds()
+		p.lifeSum = p.lifeSum*holdDecay + o.Latency.Seconds()
+		p.lifeN = p.lifeN*holdDecay + 1
 		p.holdWeight = p.holdWeight*holdDecay + w
 	}
-	if o.CachedTokens >= 0 && o.TTFT > 0 {
-		work := float64(o.Decision.QueuedTokens + o.PromptTokens - o.CachedTokens)
+	// Speeds are learned only from requests that found no prefill waiting
+	// on their backend (the router's exact count): their TTFT is their own
+	// prefill. With a queue ahead, how much of it was still to do is itself
+	// an estimate from the learned rate, and fitting the rate to it feeds
+	// its errors back into it.
+	if o.CachedTokens >= 0 && o.TTFT > 0 && o.Decision.QueuedTokens == 0 {
+		m, c := float64(o.PromptTokens-o.CachedTokens), float64(o.CachedTokens)
 		decoding := float64(o.Decision.Decoding)
-		p.speeds[b.Index].observe(work, decoding, o.TTFT.Seconds())
-		p.pooled.observe(work, decoding, o.TTFT.Seconds())
+		i := b.Index
+		p.sumSlow -= p.observed[i] / p.predicted[i]
+		p.observed[i] = p.observed[i]*slownessDecay + o.TTFT.Seconds()
+		p.predicted[i] = p.predicted[i]*slownessDecay + p.pooled.predict(m, c, decoding)
+		p.sumSlow += p.observed[i] / p.predicted[i]
+		p.pooled.observe(m, c, decoding, o.TTFT.Seconds())
 	}
 	// Capacity: the KV the backend reports, in blocks of prompt text; shrunk
 	// when the backend had evicted what the index still believed cached (it

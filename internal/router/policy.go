@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 )
@@ -17,10 +18,13 @@ type Options struct {
 	Peers PeerConfig
 	// Metrics returns a backend's latest scraped metrics, or nil when there
 	// are none or they are stale (fleet.Fleet.Metrics does both). Policies
-	// that read scraped load (llmd-default) fall back to the router's own
-	// counts without it. Nil means no scraped metrics. Must be safe for
-	// concurrent use and must not block.
+	// that read scraped load (llmd-default; kvroute for engines with slots)
+	// fall back to the router's own counts without it. Nil means no scraped
+	// metrics. Must be safe for concurrent use and must not block.
 	Metrics func(*fleet.Backend) *fleet.Metrics
+	// Now is the policies' clock; nil means time.Now. The simulator passes
+	// its virtual clock.
+	Now func() time.Time
 }
 
 // Names lists the policies New knows, the default first.
@@ -38,6 +42,12 @@ func New(name string, backends []*fleet.Backend, opts Options) (Policy, error) {
 		cfg := opts.KVRoute
 		if cfg.Seed == 0 {
 			cfg.Seed = opts.Seed
+		}
+		if cfg.Now == nil {
+			cfg.Now = opts.Now
+		}
+		if cfg.Metrics == nil {
+			cfg.Metrics = opts.Metrics
 		}
 		return NewKVRoute(backends, cfg), nil
 	case "round-robin":

@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"math"
 	"net/url"
 	"strings"
 	"testing"
@@ -221,14 +222,16 @@ func TestKVRouteLearnsPrefillSpeed(t *testing.T) {
 			})
 		}
 	}
+	// The pooled fit lies between the two; each backend's slowness relative
+	// to the fleet puts its predictions on its own speed.
+	work := 8000.0
+	var pred [2]float64
 	for _, b := range bs {
-		sp := p.speeds[b.Index]
-		if r := sp.rate / rates[b.Index]; r < 0.95 || r > 1.05 {
-			t.Errorf("%s: learned rate %.0f, want %.0f", b.Name, sp.rate, rates[b.Index])
-		}
-		if sp.overhead < 0.045 || sp.overhead > 0.055 {
-			t.Errorf("%s: learned overhead %.3f s, want 0.05", b.Name, sp.overhead)
-		}
+		pred[b.Index] = p.observed[b.Index] / p.predicted[b.Index] * p.pooled.predict(work, 0, 0)
+	}
+	t.Logf("predicted %v s for %v tokens", pred, work)
+	if r := pred[1] / pred[0]; r < 2 || r > 3.3 {
+		t.Errorf("predicted %v s for %v tokens: slow/fast %.2f, want about %.2f", pred, work, r, (0.05+work/10_000)/(0.05+work/30_000))
 	}
 	// With equal, empty queues a fresh 4k-token prompt goes to the fast one.
 	for i := range 20 {
@@ -258,7 +261,9 @@ func TestSpeedLearnsDecodeSlowdown(t *testing.T) {
 	for i := range 400 {
 		work := float64(200 + (i*997)%9000)
 		decoding := float64((i * 31) % 120)
-		s.observe(work, decoding, 0.03+work/20_000+decoding*0.002)
+		// With the prior's attention term: prompts this short cannot tell
+		// it apart from the linear one.
+		s.observe(work, 0, decoding, 0.03+work/20_000+work*work/2/priorAttn+decoding*0.002)
 	}
 	if r := s.rate / 20_000; r < 0.95 || r > 1.05 {
 		t.Errorf("rate %.0f tokens/s, want 20,000", s.rate)
@@ -268,6 +273,26 @@ func TestSpeedLearnsDecodeSlowdown(t *testing.T) {
 	}
 	if s.overhead < 0.025 || s.overhead > 0.035 {
 		t.Errorf("overhead %.3f s, want 0.03", s.overhead)
+	}
+}
+
+// Long prompts take more than their length at the short ones' rate:
+// attention grows with the square of the context, and a cached prefix is
+// context too. The fit recovers both terms from prompts of mixed lengths.
+func TestSpeedLearnsAttention(t *testing.T) {
+	const rate, attn = 25_000.0, 25_000.0 * 20_000
+	truth := func(m, c float64) float64 { return 0.02 + m/rate + m*(c+m/2)/attn }
+	s := newSpeed()
+	for i := range 400 {
+		m := float64(500 + (i*7919)%100_000)
+		c := float64((i * 104_729) % 40_000)
+		s.observe(m, c, 0, truth(m, c))
+	}
+	for _, tc := range []struct{ m, c float64 }{{1000, 0}, {30_000, 0}, {120_000, 0}, {10_000, 80_000}} {
+		got, want := s.predict(tc.m, tc.c, 0), truth(tc.m, tc.c)
+		if math.Abs(got-want) > 0.05*want {
+			t.Errorf("%v tokens after %v cached: predicted %.3f s, want %.3f", tc.m, tc.c, got, want)
+		}
 	}
 }
 
@@ -319,8 +344,75 @@ func TestKVRouteWaitsForKVMemory(t *testing.T) {
 		t.Errorf("went to %s (%s) although its KV is oversubscribed; cost %+v", d.Backend.Name, d.Reason, d.Scores)
 	}
 	f.Done()
-	// With room again, the prefix wins.
-	if d := pick(t, p, &Request{Prompt: prompt, MaxTokens: 500}, bs); d.Backend != cached {
-		t.Errorf("with free KV the cached prefix should win, went to %s", d.Backend.Name)
+	// With room again, the prefix wins (both hold it now).
+	if d := pick(t, p, &Request{Prompt: prompt, MaxTokens: 500}, bs); d.PrefixTokens < d.PromptTokens/2 {
+		t.Errorf("with free KV the cached prefix should win, went to %s with %d of %d tokens cached", d.Backend.Name, d.PrefixTokens, d.PromptTokens)
+	}
+}
+
+// A long prompt half computed is half the wait: the queue estimate drains at
+// the learned rate from the moment work was sent, so a request goes to the
+// backend whose earlier prompt is nearly done, not the one that just took a
+// shorter prompt, although the router's count of unanswered prefill says the
+// opposite.
+func TestKVRouteDrainsQueuedPrefill(t *testing.T) {
+	bs := backends(2)
+	now := time.Unix(1000, 0)
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: func() time.Time { return now }})
+	start := func(b *fleet.Backend, d Decision) *fleet.Flight {
+		return b.Start(d.PromptTokens-d.PrefixTokens, d.PromptTokens)
+	}
+	// 30k tokens at the prior's 30k tokens/s, and as much again for
+	// attention: 1.5 s of prefill.
+	first := pick(t, p, &Request{Prompt: words(1, 4*30_000)}, bs)
+	defer start(first.Backend, first).Done()
+	other := bs[1-first.Backend.Index]
+	now = now.Add(1400 * time.Millisecond)
+	second := pick(t, p, &Request{Prompt: words(2, 4*20_000)}, bs)
+	if second.Backend != other {
+		t.Fatalf("20k-token prompt went to %s, behind 0.1 s of prefill, not to the idle %s", second.Backend.Name, other.Name)
+	}
+	defer start(second.Backend, second).Done()
+	now = now.Add(200 * time.Millisecond)
+	// Counted: 30k tokens unanswered on the first, 20k on the other.
+	// Left: nothing on the first, 0.7 s on the other.
+	third := pick(t, p, &Request{Prompt: words(3, 4*10_000)}, bs)
+	if third.Backend != first.Backend {
+		t.Errorf("10k-token prompt went to %s (scores %+v), want %s whose prompt is done", third.Backend.Name, third.Scores, first.Backend.Name)
+	}
+	// Its own 10k tokens at 30k tokens/s, 56 ms of attention and the
+	// prior's 20 ms: nothing ahead of it.
+	if want := 420 * time.Millisecond; third.PredictedTTFT > want {
+		t.Errorf("predicted TTFT %v, want at most %v: nothing left ahead", third.PredictedTTFT, want)
+	}
+}
+
+// An engine with a fixed number of slots (llama.cpp) queues requests beyond
+// them whole: a backend whose slots are all taken costs a slot's wait even
+// with the prompt cached there.
+func TestKVRouteWaitsForASlot(t *testing.T) {
+	bs := backends(2)
+	slots := map[*fleet.Backend]*fleet.Metrics{bs[0]: {Slots: 4}, bs[1]: {Slots: 4}}
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Metrics: func(b *fleet.Backend) *fleet.Metrics { return slots[b] }})
+	prompt := words(0, 8000) // about 2k tokens: 0.07 s to prefill
+	d := pick(t, p, &Request{Prompt: prompt}, bs)
+	cached, other := d.Backend, bs[1-d.Backend.Index]
+	var held []*fleet.Flight
+	for range 3 {
+		f := cached.Start(0, 1000)
+		f.FirstToken()
+		held = append(held, f)
+	}
+	if d := pick(t, p, &Request{Prompt: prompt}, bs); d.Backend != cached {
+		t.Fatalf("with a slot free the cached backend should win, went to %s", d.Backend.Name)
+	}
+	f := cached.Start(0, 1000)
+	f.FirstToken()
+	held = append(held, f)
+	if d := pick(t, p, &Request{Prompt: prompt}, bs); d.Backend != other {
+		t.Errorf("all 4 slots of %s taken, yet it got the request: %+v", cached.Name, d.Scores)
+	}
+	for _, f := range held {
+		f.Done()
 	}
 }

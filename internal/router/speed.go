@@ -2,54 +2,76 @@ package router
 
 import "math"
 
-// speed is one backend's learned model of time to first token,
+// speed is a learned model of time to first token on an idle backend,
 //
-//	TTFT = overhead + work/rate + decoding × perDecode,
+//	TTFT = overhead + m/rate + m·(c + m/2)/attn + decoding × perDecode,
 //
-// where work is the prefill (tokens) the request waited for: its own
-// uncached tokens plus what was queued ahead of it, and decoding the requests
-// decoding there when it was routed (their tokens share every step with the
-// prefill). It is an exponentially weighted least-squares fit, regularised
-// towards the priors so that a few samples, or samples without spread in one
-// feature, cannot make it absurd. Not safe for concurrent use.
+// for a request with m tokens to compute after c cached ones, while
+// decoding other requests decode alongside (their tokens share every step
+// with the prefill). The second term is the linear layers, the third
+// attention: every computed token attends to all before it, so a prompt's
+// prefill grows with its square (for an 8B model the two are equal at about
+// 30k tokens of context). It is an exponentially weighted least-squares fit,
+// regularised towards the priors so that a few samples, or samples without
+// spread in one feature, cannot make it absurd. Not safe for concurrent use.
 type speed struct {
-	n    float64       // decayed number of observations
-	xx   [3][3]float64 // decayed Σ x xᵀ, x = (1, work/workUnit, decoding/decodeUnit)
-	xt   [3]float64    // decayed Σ x · ttft
-	fit  [3]float64    // θ: seconds, seconds per workUnit, seconds per decodeUnit
-	rate float64       // tokens/s, from fit[1]
-	// overhead and perDecode are fit[0] and fit[2]/decodeUnit, in seconds.
-	overhead, perDecode float64
+	n   float64                       // decayed number of observations
+	xx  [speedDims][speedDims]float64 // decayed Σ x xᵀ
+	xt  [speedDims]float64            // decayed Σ x · ttft
+	fit [speedDims]float64            // θ, in seconds per unit of each feature
+	// rate (tokens/s), attn (tokens²/s), overhead and perDecode (s) are
+	// read off the fit.
+	rate, attn, overhead, perDecode float64
 }
 
+// The features, x = (1, m/workUnit, m(c+m/2)/attnUnit, decoding/decodeUnit),
+// are scaled to be of order one.
+const (
+	speedDims  = 4
+	workUnit   = 1000.0 // tokens
+	attnUnit   = 1e8    // tokens²
+	decodeUnit = 10.0   // requests
+)
+
 // Priors, used until observations say otherwise: an H100 running an 8B
-// model prefills about 30k tokens/s, a step costs tens of milliseconds, and
+// model prefills about 30k tokens/s, attention matches the linear layers'
+// cost at 30k tokens of context, a step costs tens of milliseconds, and
 // each decoding request adds a little to every step.
 const (
-	workUnit       = 1000.0 // tokens
-	decodeUnit     = 10.0   // requests
-	priorOverhead  = 0.02   // s
+	priorOverhead  = 0.02 // s
 	priorRate      = 30_000.0
+	priorAttn      = priorRate * 30_000
 	priorPerDecode = 0.0005 // s per decoding request
 	speedHalfLife  = 200.0  // observations
 	ridge          = 1.0    // weight of the prior, in observations at unit features
 )
 
-var priorFit = [3]float64{priorOverhead, workUnit / priorRate, priorPerDecode * decodeUnit}
+var priorFit = [speedDims]float64{priorOverhead, workUnit / priorRate, attnUnit / priorAttn, priorPerDecode * decodeUnit}
 
 func newSpeed() speed {
-	return speed{fit: priorFit, rate: priorRate, overhead: priorOverhead, perDecode: priorPerDecode}
+	s := speed{fit: priorFit}
+	s.read()
+	return s
 }
 
-// predict returns the TTFT in seconds after work tokens of prefill with
-// decoding requests decoding alongside.
-func (s *speed) predict(work, decoding float64) float64 {
-	return s.overhead + work/s.rate + decoding*s.perDecode
+func speedFeatures(m, c, decoding float64) [speedDims]float64 {
+	return [speedDims]float64{1, m / workUnit, m * (c + m/2) / attnUnit, decoding / decodeUnit}
 }
 
-func (s *speed) observe(work, decoding, ttft float64) {
+// prefill returns the seconds of computing m tokens after c cached ones.
+func (s *speed) prefill(m, c float64) float64 {
+	return m/s.rate + m*(c+m/2)/s.attn
+}
+
+// predict returns the TTFT in seconds of m tokens to compute after c cached
+// ones with decoding requests decoding alongside, on an idle backend.
+func (s *speed) predict(m, c, decoding float64) float64 {
+	return s.overhead + s.prefill(m, c) + decoding*s.perDecode
+}
+
+func (s *speed) observe(m, c, decoding, ttft float64) {
 	decay := 1 - 1/speedHalfLife
-	x := [3]float64{1, work / workUnit, decoding / decodeUnit}
+	x := speedFeatures(m, c, decoding)
 	s.n = s.n*decay + 1
 	for i := range x {
 		for j := range x {
@@ -58,49 +80,65 @@ func (s *speed) observe(work, decoding, ttft float64) {
 		s.xt[i] = s.xt[i]*decay + x[i]*ttft
 	}
 	// (Σ x xᵀ + ridge·I) θ = Σ x t + ridge·θ₀
-	var a [3][4]float64
-	for i := range 3 {
-		for j := range 3 {
+	var a [speedDims][speedDims + 1]float64
+	for i := range speedDims {
+		for j := range speedDims {
 			a[i][j] = s.xx[i][j]
 		}
 		a[i][i] += ridge
-		a[i][3] = s.xt[i] + ridge*priorFit[i]
+		a[i][speedDims] = s.xt[i] + ridge*priorFit[i]
 	}
-	fit, ok := solve3(a)
+	fit, ok := solve(a)
 	if !ok {
 		return
 	}
 	s.fit = fit
-	s.overhead = clamp(fit[0], 0, 10)
-	if fit[1] > 0 {
-		s.rate = clamp(workUnit/fit[1], 100, 1e7)
-	}
-	s.perDecode = clamp(fit[2]/decodeUnit, 0, 1)
+	s.read()
 }
 
-// solve3 solves a 3×3 linear system given as an augmented matrix, by
-// Gaussian elimination with partial pivoting.
-func solve3(a [3][4]float64) ([3]float64, bool) {
-	for c := range 3 {
+// read sets the model's terms from the fit, each kept physical: a term the
+// fit makes negative (noise, or features that did not vary) has no effect
+// rather than a negative one.
+func (s *speed) read() {
+	s.overhead = clamp(s.fit[0], 0, 10)
+	if s.rate == 0 || s.fit[1] > 0 {
+		s.rate = clamp(workUnit/math.Max(s.fit[1], 1e-9), 100, 1e7)
+	}
+	s.attn = math.Inf(1)
+	if s.fit[2] > 0 {
+		s.attn = attnUnit / s.fit[2]
+	}
+	s.perDecode = clamp(s.fit[3]/decodeUnit, 0, 1)
+}
+
+// solve solves a linear system given as an augmented matrix, by Gaussian
+// elimination with partial pivoting.
+func solve(a [speedDims][speedDims + 1]float64) ([speedDims]float64, bool) {
+	const n = speedDims
+	for c := range n {
 		p := c
-		for r := c + 1; r < 3; r++ {
+		for r := c + 1; r < n; r++ {
 			if math.Abs(a[r][c]) > math.Abs(a[p][c]) {
 				p = r
 			}
 		}
 		if math.Abs(a[p][c]) < 1e-12 {
-			return [3]float64{}, false
+			return [n]float64{}, false
 		}
 		a[c], a[p] = a[p], a[c]
-		for r := range 3 {
+		for r := range n {
 			if r == c {
 				continue
 			}
 			f := a[r][c] / a[c][c]
-			for k := c; k < 4; k++ {
+			for k := c; k <= n; k++ {
 				a[r][k] -= f * a[c][k]
 			}
 		}
 	}
-	return [3]float64{a[0][3] / a[0][0], a[1][3] / a[1][1], a[2][3] / a[2][2]}, true
+	var x [n]float64
+	for i := range n {
+		x[i] = a[i][n] / a[i][i]
+	}
+	return x, true
 }

@@ -300,6 +300,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		opts := router.Options{
 			Seed:    cfg.Seed + uint64(r)*0x9e3779b97f4a7c15,
 			Metrics: s.metricsFunc(rep),
+			Now:     s.clock,
 		}
 		if !cfg.ReplicaUnaware {
 			opts.KVRoute.Replicas = cfg.Routers
@@ -316,6 +317,9 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 	s.sessions = make([]session, len(s.order))
 	return s, nil
 }
+
+// clock is the policies' clock: virtual time, as a time.Time.
+func (s *simulation) clock() time.Time { return s.origin.Add(s.now) }
 
 // metricsFunc is a replica's router.Options.Metrics: the last scrape of a
 // server, or nil when it is older than three scrape intervals.
@@ -453,7 +457,7 @@ func (s *simulation) endStep(i int) {
 // of /metrics would.
 func (s *simulation) scrape(r int) {
 	rep := s.replicas[r]
-	at := s.origin.Add(s.now)
+	at := s.clock()
 	for i := range s.servers {
 		st := s.servers[i].eng.Stats()
 		rep.metrics[i] = fleet.Metrics{

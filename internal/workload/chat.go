@@ -107,6 +107,25 @@ func DemoChat() ChatConfig {
 	}
 }
 
+// SmallChat is chat sized for real inference servers on CPUs (llama.cpp's
+// llama-server with a small model on a core each): the same shape as
+// DemoChat, shared system prompts and growing conversations, at a few
+// hundred to about two thousand tokens a prompt rather than ten thousand,
+// with short replies and no documents, so that a run takes minutes.
+func SmallChat() ChatConfig {
+	return ChatConfig{
+		Sessions:      24,
+		Span:          60 * time.Second,
+		Turns:         4,
+		SystemPrompts: 3,
+		SystemBytes:   2_400,
+		UserBytes:     300,
+		LightTokens:   24,
+		HeavyTokens:   24,
+		Think:         5 * time.Second,
+	}
+}
+
 // Chat generates the sessions of cfg, deterministically for seed, sorted by
 // start time.
 func Chat(cfg ChatConfig, seed uint64) []Session {

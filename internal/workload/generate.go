@@ -54,7 +54,7 @@ type Options struct {
 
 // Specs lists the workload specs Load understands.
 func Specs() []string {
-	return []string{"chat", "multiturn[:PATH]", "shared-prefix", "agentic", "mixed", "mooncake:PATH", "azure:PATH"}
+	return []string{"chat", "small-chat", "multiturn[:PATH]", "shared-prefix", "agentic", "mixed", "mooncake:PATH", "azure:PATH"}
 }
 
 // DefaultMTBench is where multiturn looks for MT-Bench questions, relative
@@ -72,7 +72,9 @@ func Load(spec string, opts Options) (Workload, error) {
 	)
 	switch name {
 	case "chat":
-		w = chatWorkload(opts)
+		w = chatWorkload(DemoChat(), opts)
+	case "small-chat":
+		w = chatWorkload(SmallChat(), opts)
 	case "multiturn":
 		w, err = multiturn(path, opts, rng)
 	case "shared-prefix":
@@ -140,19 +142,18 @@ func zipf(rng *rand.Rand, n int, s float64) int {
 
 // chatWorkload is the demo's chat workload (DemoChat) with the rate and
 // duration options applied.
-func chatWorkload(opts Options) Workload {
-	cfg := DemoChat()
+func chatWorkload(cfg ChatConfig, opts Options) Workload {
 	if opts.Duration > 0 {
 		cfg.Span = opts.Duration
 	}
 	if opts.Rate > 0 {
 		cfg.Sessions = max(1, int(opts.Rate*cfg.Span.Seconds()))
 	}
-	return Workload{
-		Description: fmt.Sprintf("%d chats of %d turns starting over %v under %d shared system prompts; 1 turn in %.0f carries a %d KB document",
-			cfg.Sessions, cfg.Turns, cfg.Span, cfg.SystemPrompts, 1/cfg.HeavyFraction, cfg.DocumentBytes/1000),
-		Sessions: Chat(cfg, opts.Seed),
+	desc := fmt.Sprintf("%d chats of %d turns starting over %v under %d shared system prompts", cfg.Sessions, cfg.Turns, cfg.Span, cfg.SystemPrompts)
+	if cfg.HeavyFraction > 0 {
+		desc += fmt.Sprintf("; 1 turn in %.0f carries a %d KB document", 1/cfg.HeavyFraction, cfg.DocumentBytes/1000)
 	}
+	return Workload{Description: desc, Sessions: Chat(cfg, opts.Seed)}
 }
 
 // multiturn plays MT-Bench's real two-turn questions, three per
