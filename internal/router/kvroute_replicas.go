@@ -2,7 +2,6 @@ package router
 
 import (
 	"github.com/cespare/xxhash/v2"
-	"math"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 )
@@ -18,22 +17,21 @@ import (
 //   - it scales its own counts by M, its expectation of the fleet's load;
 //   - for a request whose session it has not routed before, it does not
 //     take the cheapest backend (at random among near-ties) but, among those
-//     within the placement slack of the cheapest, the one that rendezvous
+//     within placementSlack of the cheapest, the one that rendezvous
 //     hashing of the session key (else of the prompt's first block) ranks
 //     first: every replica, unaware of what the others did, then sends a
 //     session's turns to the same backend while it is not much dearer than
 //     the best, and different sessions spread evenly.
 
-// The placement slack is wider than the tie tolerance: a replica that does
-// not know where a session's earlier turns went accepts a somewhat dearer
-// backend to land where the other replicas will send the session too.
-// Measured with `kvroute sim` (docs/BENCHMARKS.md): 0.5 and 50 ms keep
-// most of a conversation's turns together across 4 replicas; 0.2 keeps
-// half as many, 1 no more.
-const (
-	placementSlack = 0.5
-	placementFloor = 0.05 // s
-)
+// placementSlack is how much dearer, in predicted seconds, a backend may be
+// and still be where a replica places a session it has not seen: wider
+// than the tie tolerance, so that replicas whose views differ by a cached
+// system prompt still agree, yet small beside a long prompt's prefill, so
+// that a one-request session is not sent somewhere much slower. Measured
+// with `kvroute sim --routers` (docs/BENCHMARKS.md): 150 ms keeps most of a
+// conversation's turns together on a chat workload; a relative slack (half
+// the best cost) kept as many but lengthened Mooncake's prefill-bound TTFTs.
+const placementSlack = 0.15 // s
 
 // load returns b's in-flight work as this replica counts it, scaled to the
 // whole fleet's traffic.
@@ -68,7 +66,7 @@ func (p *KVRoute) placementKey(req *Request, hashes []uint64) uint64 {
 // first: the same for every replica that sees the same costs, and for most
 // that see nearly the same.
 func placeByKey(scores []Score, cands []*fleet.Backend, best int, key uint64) int {
-	limit := scores[best].Cost + math.Max(scores[best].Cost*placementSlack, placementFloor)
+	limit := scores[best].Cost + placementSlack
 	pick := best
 	for i := range scores {
 		if scores[i].Cost <= limit && rendezvous(key, cands[i].Index) > rendezvous(key, cands[pick].Index) {
