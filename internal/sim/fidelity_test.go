@@ -30,13 +30,21 @@ func fidelityWorkload() workload.Workload {
 // hit rate, for the same workload and policy on 4 backends.
 func TestFidelityAgainstLiveBench(t *testing.T) {
 	if testing.Short() {
-		t.Skip("plays a live bench of about 15 s (35 s under the race detector)")
+		t.Skip("plays a live bench of about 15 s")
+	}
+	if raceEnabled {
+		// The race detector slows the proxy, the client and the emulators'
+		// drivers several times over, and beside the other packages'
+		// tests on two cores the emulators fall behind the clock and drop
+		// model time: the live side stops measuring the model. Run it
+		// without -race (go test ./internal/sim).
+		t.Skip("the live bench cannot keep model time under the race detector")
 	}
 	w := fidelityWorkload()
 	p := profile(t)
 	const policy = "kvroute"
 	live, err := bench.RunBench(context.Background(), bench.Config{
-		Workload: w, Backends: 4, Profile: p, Policies: []string{policy}, TimeScale: liveTimeScale, Seed: 1,
+		Workload: w, Backends: 4, Profile: p, Policies: []string{policy}, TimeScale: 0.5, Seed: 1,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -66,8 +74,7 @@ func TestFidelityAgainstLiveBench(t *testing.T) {
 	// a fraction of a millisecond on a quiet machine (within 10 % here
 	// too), but tens of milliseconds under the race detector or beside
 	// other CPU-heavy work, which slows the proxy and the client, not the
-	// model. (Under the race detector the live run plays at real time
-	// rather than twice as fast, so that the emulators keep model time.)
+	// model.
 	within("TTFT p50 at the backend", float64(s.TTFTP50), float64(l.ServerTTFTP50))
 	t.Logf("TTFT p50 at the client: simulated %v, live %v (%.0f %% apart)", s.TTFTP50, l.TTFTP50,
 		100*math.Abs(float64(s.TTFTP50-l.TTFTP50))/float64(l.TTFTP50))

@@ -2,6 +2,5 @@
 
 package sim
 
-// liveTimeScale is the live bench's wall seconds per model second in the
-// fidelity test.
-const liveTimeScale = 0.5
+// raceEnabled is set when the race detector instruments the test binary.
+const raceEnabled = false

@@ -2,8 +2,5 @@
 
 package sim
 
-// liveTimeScale is the live bench's wall seconds per model second in the
-// fidelity test. The race detector slows the proxy, the client and the
-// emulators' drivers several times over; at half speed their lag would
-// show up as model time.
-const liveTimeScale = 1
+// raceEnabled is set when the race detector instruments the test binary.
+const raceEnabled = true
