@@ -11,13 +11,13 @@ import (
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
-func startFleet(t *testing.T, policy string, backends int) *Fleet {
+func startFleet(t *testing.T, policy string, backends int, scale float64) *Fleet {
 	t.Helper()
 	p, err := engine.LookupProfile(engine.DefaultProfile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := StartFleet(context.Background(), FleetConfig{Backends: backends, Profile: p, TimeScale: 0.01, Policy: policy, Seed: 1})
+	f, err := StartFleet(context.Background(), FleetConfig{Backends: backends, Profile: p, TimeScale: scale, Policy: policy, Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +28,11 @@ func startFleet(t *testing.T, policy string, backends int) *Fleet {
 // End to end through the router: every later turn of a conversation lands on
 // the backend of its first turn, and hits its cache there.
 func TestConversationStaysOnItsBackend(t *testing.T) {
-	f := startFleet(t, "kvroute", 4)
+	// At a tenth of real time: a turn's prefill (a few milliseconds of
+	// wall time even so) must stand out from the scheduling noise of a
+	// loaded machine, which the router measures as queueing.
+	const scale = 0.1
+	f := startFleet(t, "kvroute", 4, scale)
 	rng := rand.New(rand.NewPCG(1, 2))
 	var sessions []workload.Session
 	for i := range 8 {
@@ -38,7 +42,7 @@ func TestConversationStaysOnItsBackend(t *testing.T) {
 		}
 		sessions = append(sessions, s)
 	}
-	c := &Client{BaseURL: f.URL, Model: f.Model, TimeScale: 0.01}
+	c := &Client{BaseURL: f.URL, Model: f.Model, TimeScale: scale}
 	results := c.Run(context.Background(), sessions, nil)
 	if len(results) != 32 {
 		t.Fatalf("%d results, want 32", len(results))
@@ -73,7 +77,7 @@ func TestConversationStaysOnItsBackend(t *testing.T) {
 // A burst of requests sharing one long system prompt spreads over the fleet
 // instead of piling onto the backend that cached it first.
 func TestHotPrefixSpreadsWhenItsBackendSaturates(t *testing.T) {
-	f := startFleet(t, "kvroute", 4)
+	f := startFleet(t, "kvroute", 4, 0.01)
 	rng := rand.New(rand.NewPCG(3, 4))
 	system := workload.Text(rng, 40_000) // about 10k tokens
 	var sessions []workload.Session

@@ -200,13 +200,11 @@ type drain struct {
 }
 
 // left returns the seconds of prefill still ahead at now on a backend where
-// count prompt tokens the router sent still await their first token: none
+// the prompt tokens the router sent that still await their first token
+// would take most seconds to compute from scratch: never more, and none
 // when none do.
-func (d drain) left(now time.Time, count int64) float64 {
-	if count <= 0 {
-		return 0
-	}
-	return math.Max(0, d.work-now.Sub(d.at).Seconds())
+func (d drain) left(now time.Time, most float64) float64 {
+	return math.Max(0, math.Min(d.work-now.Sub(d.at).Seconds(), most))
 }
 
 // candidate is what Pick works out about one backend before costing it.
@@ -278,7 +276,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		c.cached = min(promptTokens, int(float64(s.matched[b.Index]*p.cfg.BlockBytes)/ratio))
 		c.slow = p.observed[b.Index] / p.predicted[b.Index] / meanSlow
 		c.miss = float64(promptTokens - c.cached)
-		c.queued = p.queue[b.Index].left(now, loads[i].PrefillTokens)
+		c.queued = p.queue[b.Index].left(now, c.slow*p.pooled.prefill(float64(loads[i].PrefillTokens), 0))
 		c.own = c.slow * p.pooled.prefill(c.miss, float64(c.cached))
 		backlog = math.Min(backlog, c.queued)
 	}
