@@ -108,6 +108,13 @@ func TestLlamaServerFleet(t *testing.T) {
 			t.Fatal(err)
 		}
 		kv, rr := rep.Runs[0].Summary, rep.Runs[1].Summary
+		for _, run := range rep.Runs {
+			for _, r := range run.Requests {
+				if r.Error != "" || r.Status != 200 {
+					t.Logf("%s: session %d turn %d on %s: status %d: %s", run.Policy, r.Session, r.Turn, r.Backend, r.Status, r.Error)
+				}
+			}
+		}
 		for _, s := range []bench.Summary{kv, rr} {
 			if s.Errors > 0 || s.Requests != 18 {
 				t.Fatalf("%s: %d requests, %d errors", s.Name, s.Requests, s.Errors)

@@ -388,6 +388,15 @@ func upstreamRequest(ctx context.Context, in *http.Request, b *fleet.Backend, bo
 		}
 		out.Header.Set("X-Forwarded-For", ip)
 	}
+	// A kept-alive connection the backend closed while idle fails the
+	// request before the backend read it (llama-server closes them after 5
+	// s); the transport resends only requests it may repeat. This one it
+	// may: an empty key marks it so without sending the header.
+	_, key := out.Header["Idempotency-Key"]
+	_, xkey := out.Header["X-Idempotency-Key"]
+	if !key && !xkey {
+		out.Header["X-Idempotency-Key"] = nil
+	}
 	return out
 }
 
