@@ -13,7 +13,6 @@ import (
 	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/router"
-	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -90,40 +89,21 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 		}
 		bf.cfg.Backends, bf.cfg.TimeScale = len(bf.cfg.BackendURLs), 1
 	}
-	p, err := engine.LookupProfile(profileName)
+	p, err := lookupProfile(profileName, kvBlocks)
 	if err != nil {
 		return bf, err
 	}
-	if kvBlocks > 0 {
-		p.NumGPUBlocks = kvBlocks
-	}
 	bf.cfg.Profile = p
-	if policies == "all" {
-		policies = strings.Join(allPolicies(), ",")
-	}
-	for _, name := range strings.Split(policies, ",") {
-		name = strings.TrimSpace(name)
-		if !bench.IsBalancer(name) {
-			if _, err := router.New(name, nil, router.Options{}); err != nil {
-				return bf, err
-			}
-		}
-		bf.cfg.Policies = append(bf.cfg.Policies, name)
-	}
-	if spec == "multiturn" {
-		path, err := shareddata.Path(workload.DefaultMTBench)
-		if err != nil {
-			return bf, fmt.Errorf("multiturn: %w (or give multiturn:PATH)", err)
-		}
-		spec += ":" + path
+	if bf.cfg.Policies, err = parsePolicies(policies, allPolicies(), bench.IsBalancer); err != nil {
+		return bf, err
 	}
 	bf.cfg.Seed = opts.Seed
-	if bf.cfg.Workload, err = workload.Load(spec, opts); err != nil {
+	var out string
+	if bf.cfg.Workload, out, err = loadWorkload(spec, opts, "bench"); err != nil {
 		return bf, err
 	}
 	if bf.out == "" {
-		name, _, _ := strings.Cut(spec, ":")
-		bf.out = filepath.Join("out", "bench-"+name)
+		bf.out = out
 	}
 	return bf, nil
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"strings"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/router"
-	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -92,38 +90,21 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	case sf.find.Max < 1:
 		return sf, fmt.Errorf("--max-backends must be at least 1, got %d", sf.find.Max)
 	}
-	p, err := engine.LookupProfile(profileName)
+	p, err := lookupProfile(profileName, kvBlocks)
 	if err != nil {
 		return sf, err
 	}
-	if kvBlocks > 0 {
-		p.NumGPUBlocks = kvBlocks
-	}
 	sf.cfg.Profile = p
-	if policies == "all" {
-		policies = strings.Join(router.Names(), ",")
-	}
-	for _, name := range strings.Split(policies, ",") {
-		name = strings.TrimSpace(name)
-		if _, err := router.New(name, nil, router.Options{}); err != nil {
-			return sf, err
-		}
-		sf.cfg.Policies = append(sf.cfg.Policies, name)
-	}
-	if spec == "multiturn" {
-		path, err := shareddata.Path(workload.DefaultMTBench)
-		if err != nil {
-			return sf, fmt.Errorf("multiturn: %w (or give multiturn:PATH)", err)
-		}
-		spec += ":" + path
+	if sf.cfg.Policies, err = parsePolicies(policies, router.Names(), nil); err != nil {
+		return sf, err
 	}
 	sf.cfg.Seed = opts.Seed
-	if sf.cfg.Workload, err = workload.Load(spec, opts); err != nil {
+	var out string
+	if sf.cfg.Workload, out, err = loadWorkload(spec, opts, "sim"); err != nil {
 		return sf, err
 	}
 	if sf.out == "" {
-		name, _, _ := strings.Cut(spec, ":")
-		sf.out = filepath.Join("out", "sim-"+name)
+		sf.out = out
 	}
 	return sf, nil
 }
