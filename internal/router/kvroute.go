@@ -324,8 +324,9 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		floorTTFT = math.Min(floorTTFT, c.slow*p.pooled.overhead+c.own)
 	}
 	if math.IsInf(scores[best].Cost, 1) {
-		// Every backend is over the bound (cannot happen with the +1 slack
-		// unless the fleet is tiny): fall back to the least loaded.
+		// Every backend is over the bound (the slack above the mean makes
+		// this impossible, short of counts changing under Pick): fall back
+		// to the least loaded.
 		b := leastLoaded(cands, p.rand)
 		for i := range cands {
 			if cands[i] == b {
