@@ -123,14 +123,7 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 
 	var done func(Result)
 	if cfg.Progress != nil {
-		bar := progressbar.NewOptions(requests(sessions),
-			progressbar.OptionSetWriter(cfg.Progress),
-			progressbar.OptionSetDescription(fmt.Sprintf("%-20s", policy)),
-			progressbar.OptionShowCount(),
-			progressbar.OptionSetWidth(30),
-			progressbar.OptionThrottle(200*time.Millisecond),
-			progressbar.OptionOnCompletion(func() { fmt.Fprintln(cfg.Progress) }),
-		)
+		bar := ProgressBar(cfg.Progress, requests(sessions), policy)
 		done = func(Result) { bar.Add(1) }
 	}
 	sampler := f.sampleLoad(ctx, cfg.Sample, cfg.TimeScale)
@@ -342,4 +335,17 @@ func searchGoodput(ctx context.Context, cfg Config, policy string) (*Goodput, er
 		}
 	}
 	return g, nil
+}
+
+// ProgressBar is the bar a run shows on w while it plays n requests through
+// policy: one line per policy, the same in bench and sim.
+func ProgressBar(w io.Writer, n int, policy string) *progressbar.ProgressBar {
+	return progressbar.NewOptions(n,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(fmt.Sprintf("%-20s", policy)),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionThrottle(200*time.Millisecond),
+		progressbar.OptionOnCompletion(func() { fmt.Fprintln(w) }),
+	)
 }

@@ -22,8 +22,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
-
 	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -187,14 +185,7 @@ func simulate(ctx context.Context, cfg Config, policy string, withBounds bool) (
 		return nil, Stats{}, err
 	}
 	if cfg.Progress != nil {
-		bar := progressbar.NewOptions(cfg.Tile*cfg.Workload.Requests(),
-			progressbar.OptionSetWriter(cfg.Progress),
-			progressbar.OptionSetDescription(fmt.Sprintf("%-20s", policy)),
-			progressbar.OptionShowCount(),
-			progressbar.OptionSetWidth(30),
-			progressbar.OptionThrottle(200*time.Millisecond),
-			progressbar.OptionOnCompletion(func() { fmt.Fprintln(cfg.Progress) }),
-		)
+		bar := bench.ProgressBar(cfg.Progress, cfg.Tile*cfg.Workload.Requests(), policy)
 		s.progress = func() { bar.Add(1) }
 		defer bar.Finish()
 	}
