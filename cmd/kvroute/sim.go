@@ -37,6 +37,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 		profileName string
 		opts        workload.Options
 		kvBlocks    int
+		blockSize   int
 		findBackend bool
 	)
 	fs.StringVar(&spec, "workload", "chat", "workload: "+strings.Join(workload.Specs(), ", "))
@@ -51,6 +52,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.Uint64Var(&opts.Seed, "seed", 1, "seed of the workload, the replies, the policies and the router split")
 	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile of the servers: "+strings.Join(engine.ProfileNames(), ", "))
 	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV blocks per server (default: the profile's)")
+	fs.IntVar(&blockSize, "block-size", 0, "KV block of the servers in tokens, their KV capacity in tokens kept (default: the profile's; 512, the block of Mooncake's traces, simulates a large fleet many times faster)")
 	fs.DurationVar(&sf.cfg.Scrape, "scrape-interval", time.Second, "how often each router replica reads the servers' metrics")
 	fs.BoolVar(&sf.cfg.ReplicaUnaware, "replica-unaware", false, "do not tell kvroute how many replicas share the fleet (to measure what that saves)")
 	fs.BoolVar(&sf.cfg.Text, "text", false, "traces: render prompts as text and tokenize them, as the live bench does (slower)")
@@ -89,12 +91,14 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 		return sf, errors.New("--slo-ttft-p99 is the objective of --find-backends: give both")
 	case sf.find.Max < 1:
 		return sf, fmt.Errorf("--max-backends must be at least 1, got %d", sf.find.Max)
+	case blockSize < 0:
+		return sf, fmt.Errorf("--block-size must be positive, got %d", blockSize)
 	}
 	p, err := lookupProfile(profileName, kvBlocks)
 	if err != nil {
 		return sf, err
 	}
-	sf.cfg.Profile = p
+	sf.cfg.Profile = p.WithBlockSize(blockSize)
 	if sf.cfg.Policies, err = parsePolicies(policies, router.Names(), nil); err != nil {
 		return sf, err
 	}

@@ -31,6 +31,7 @@ type Engine struct {
 	sched  []*Request
 	tokens []*Request
 	stats  Stats
+	co     coast // the run of decode steps in flight, if any (coast.go)
 }
 
 // Stats are an engine's counters. Token counts are in tokens.
@@ -112,6 +113,7 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 	if blocks := ceilDiv(total, e.p.BlockSize); blocks > e.kv.total() {
 		return fmt.Errorf("%w: %d tokens need %d KV blocks, the cache has %d", ErrTooLong, total, blocks, e.kv.total())
 	}
+	e.Cut(now)
 	r.Arrival = now
 	r.State = StateWaiting
 	e.waiting.pushBack(r)
@@ -121,6 +123,7 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 // Abort ends r at now and releases its KV blocks. It does nothing if r is
 // done or was never added.
 func (e *Engine) Abort(now time.Duration, r *Request) {
+	e.Cut(now)
 	switch r.State {
 	case StateWaiting:
 		e.waiting.remove(r)
@@ -145,6 +148,7 @@ func (e *Engine) Abort(now time.Duration, r *Request) {
 // FCFS order, within the token budget and max_num_seqs), computes the step's
 // duration and applies its results at the end of the step.
 func (e *Engine) Step(now time.Duration) StepResult {
+	e.Settle(now)
 	res := StepResult{Start: now, End: now}
 	e.sched, e.tokens = e.sched[:0], e.tokens[:0]
 	budget := e.p.MaxNumBatchedTokens

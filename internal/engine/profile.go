@@ -103,6 +103,19 @@ func (p Profile) Blocks() int {
 	return p.DerivedBlocks()
 }
 
+// WithBlockSize returns p with KV blocks of n tokens and, rounded down, the
+// same KV capacity in tokens. Coarser blocks model the same cache with
+// fewer, cheaper operations (a fleet simulation does one per block of
+// every prompt), at the price of sharing prefixes only in whole blocks.
+func (p Profile) WithBlockSize(n int) Profile {
+	if n <= 0 || n == p.BlockSize {
+		return p
+	}
+	tokens := p.Blocks() * p.BlockSize
+	p.BlockSize, p.NumGPUBlocks = n, tokens/n
+	return p
+}
+
 // Validate reports the first field that makes the profile unusable.
 func (p Profile) Validate() error {
 	checks := []struct {

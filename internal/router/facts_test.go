@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -8,36 +9,45 @@ import (
 
 // A caller that gives the prompt's token blocks and length (the simulator)
 // gets the same routing by prefix as one that gives text: a repeated prefix
-// goes where it was sent, predicted cached in whole index blocks.
+// goes where it was sent, predicted cached in whole index blocks, whether
+// the caller's blocks are finer than the policies' index blocks or coarser.
 func TestTokenBlocksStandInForText(t *testing.T) {
-	blocks := make([]uint64, 100) // 1,600 tokens in blocks of 16
-	for i := range blocks {
-		blocks[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
-	}
-	for _, name := range []string{"kvroute", "dynamo-kv", "preble-e2", "llmd-default", "sglang-cache-aware"} {
-		t.Run(name, func(t *testing.T) {
-			bs := []*fleet.Backend{fleet.NewBackend(0, "a", nil), fleet.NewBackend(1, "b", nil), fleet.NewBackend(2, "c", nil)}
-			p, err := New(name, bs, Options{Seed: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			first := &Request{Model: "m", PromptTokens: 1600, TokenBlocks: blocks[:64], TokenBlockSize: 16, MaxTokens: 10}
-			d1, err := p.Pick(first, bs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d1.PromptTokens != 1600 {
-				t.Errorf("first: %d prompt tokens, want the given 1600", d1.PromptTokens)
-			}
-			second := &Request{Model: "m", PromptTokens: 1600, TokenBlocks: blocks, TokenBlockSize: 16, MaxTokens: 10}
-			d2, err := p.Pick(second, bs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d2.Backend != d1.Backend || d2.PrefixTokens != 1024 {
-				t.Errorf("second: %s with %d cached tokens, want %s with 1024", d2.Backend.Name, d2.PrefixTokens, d1.Backend.Name)
-			}
-		})
+	for _, tc := range []struct {
+		blockSize, blocks, first int
+	}{
+		{blockSize: 16, blocks: 100, first: 64},
+		{blockSize: 512, blocks: 10, first: 6},
+	} {
+		blocks := make([]uint64, tc.blocks)
+		for i := range blocks {
+			blocks[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+		}
+		prompt, cached := tc.blocks*tc.blockSize, tc.first*tc.blockSize
+		for _, name := range []string{"kvroute", "dynamo-kv", "preble-e2", "llmd-default", "sglang-cache-aware"} {
+			t.Run(fmt.Sprintf("%s/blocks of %d", name, tc.blockSize), func(t *testing.T) {
+				bs := []*fleet.Backend{fleet.NewBackend(0, "a", nil), fleet.NewBackend(1, "b", nil), fleet.NewBackend(2, "c", nil)}
+				p, err := New(name, bs, Options{Seed: 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				first := &Request{Model: "m", PromptTokens: prompt, TokenBlocks: blocks[:tc.first], TokenBlockSize: tc.blockSize, MaxTokens: 10}
+				d1, err := p.Pick(first, bs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d1.PromptTokens != prompt {
+					t.Errorf("first: %d prompt tokens, want the given %d", d1.PromptTokens, prompt)
+				}
+				second := &Request{Model: "m", PromptTokens: prompt, TokenBlocks: blocks, TokenBlockSize: tc.blockSize, MaxTokens: 10}
+				d2, err := p.Pick(second, bs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d2.Backend != d1.Backend || d2.PrefixTokens != cached {
+					t.Errorf("second: %s with %d cached tokens, want %s with %d", d2.Backend.Name, d2.PrefixTokens, d1.Backend.Name, cached)
+				}
+			})
+		}
 	}
 }
 

@@ -63,20 +63,47 @@ type Request struct {
 
 // prefixHashes appends to dst the hashes a prefix index with blocks of
 // blockBytes bytes of prompt text uses for req: from TokenBlocks when the
-// caller gave them (every k-th, k blocks of TokenBlockSize tokens making
-// blockBytes bytes at defaultRatio bytes a token: the k-th chained hash
-// names the whole prefix up to its end), else hashed from Prompt.
+// caller gave them, else hashed from Prompt. With TokenBlocks, an index
+// block of k token blocks (at defaultRatio bytes a token) takes every k-th
+// hash, the chained hash that names the whole prefix up to its end; a token
+// block of k index blocks stands for k hashes derived from its own, so the
+// index counts, and is sized in, its own blocks whatever the caller's.
 func (req *Request) prefixHashes(dst []uint64, blockBytes int) []uint64 {
 	if req.TokenBlocks != nil && req.TokenBlockSize > 0 {
-		k := int(float64(blockBytes)/defaultRatio) / req.TokenBlockSize
-		if k >= 1 && float64(k*req.TokenBlockSize)*defaultRatio == float64(blockBytes) {
-			for i := k - 1; i < len(req.TokenBlocks); i += k {
-				dst = append(dst, req.TokenBlocks[i])
+		indexTokens := int(float64(blockBytes) / defaultRatio)
+		if float64(indexTokens)*defaultRatio == float64(blockBytes) && indexTokens > 0 {
+			switch {
+			case indexTokens%req.TokenBlockSize == 0:
+				k := indexTokens / req.TokenBlockSize
+				for i := k - 1; i < len(req.TokenBlocks); i += k {
+					dst = append(dst, req.TokenBlocks[i])
+				}
+				return dst
+			case req.TokenBlockSize%indexTokens == 0:
+				k := req.TokenBlockSize / indexTokens
+				for _, h := range req.TokenBlocks {
+					for j := range k {
+						dst = append(dst, subBlockHash(h, j))
+					}
+				}
+				return dst
 			}
-			return dst
 		}
 	}
 	return prefix.Hash(dst, req.Prompt, blockBytes)
+}
+
+// subBlockHash names the j-th part of the block hashed h: h mixed, so that
+// hashes with a simple relation (like the test's) do not give equal parts,
+// then offset by j and mixed again (splitmix64's finaliser each time).
+func subBlockHash(h uint64, j int) uint64 {
+	return mix64(mix64(h) + uint64(j+1)*0x9e3779b97f4a7c15)
+}
+
+func mix64(x uint64) uint64 {
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 // charText returns the text a character-level prefix tree indexes for req,

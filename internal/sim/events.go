@@ -15,7 +15,9 @@ const (
 	// run at once so that every request arriving at the same instant joins
 	// the step.
 	evStepStart
-	// evStepEnd ends the step in flight on server idx and starts the next.
+	// evStepEnd ends the step (or the run of steps) in flight on server
+	// idx and starts the next. A run cut short leaves its event queued;
+	// the server knows which event ends what it has in flight.
 	evStepEnd
 	// evScrape refreshes router replica idx's copy of the servers' metrics.
 	evScrape
@@ -47,7 +49,8 @@ type queue struct {
 
 func (q *queue) len() int { return len(q.ev) }
 
-func (q *queue) push(at time.Duration, k kind, idx int32) {
+// push queues an event and returns its sequence number, which names it.
+func (q *queue) push(at time.Duration, k kind, idx int32) uint64 {
 	q.seq++
 	q.ev = append(q.ev, event{at: at, seq: q.seq, idx: idx, kind: k})
 	i := len(q.ev) - 1
@@ -61,6 +64,7 @@ func (q *queue) push(at time.Duration, k kind, idx int32) {
 		i = p
 	}
 	q.ev[i] = e
+	return e.seq
 }
 
 // pop removes and returns the earliest event. The queue must not be empty.

@@ -178,6 +178,7 @@ func (s *simulation) send(i int) {
 		s.fail(f, rep, http.StatusBadRequest, errTooLong)
 		return
 	}
+	s.cut(d.Backend.Index)
 	if err := sv.eng.Add(s.now, &f.req); err != nil {
 		s.fail(f, rep, http.StatusBadRequest, fmt.Errorf("status 400: %w", err))
 		return

@@ -19,12 +19,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -77,6 +79,8 @@ type Config struct {
 	// (router.KVRouteConfig.Replicas unset), to measure what awareness
 	// saves.
 	ReplicaUnaware bool
+
+	stepwise bool // step every step (tests check that coasting changes nothing)
 }
 
 // Stats describe the simulator's own work in one run.
@@ -193,7 +197,10 @@ func simulate(ctx context.Context, cfg Config, policy string, withBounds bool) (
 	if err := s.run(ctx); err != nil {
 		return nil, Stats{}, err
 	}
-	st := Stats{Events: s.events, Steps: s.steps, Virtual: s.now, Wall: time.Since(start)}
+	st := Stats{Events: s.events, Virtual: s.now, Wall: time.Since(start)}
+	for i := range s.servers {
+		st.Steps += s.servers[i].eng.Stats().Steps
+	}
 	return s.report(policy), st, nil
 }
 
@@ -202,9 +209,13 @@ type server struct {
 	eng *engine.Engine
 	// stepping is set while a step is queued or in flight; res is the step
 	// in flight, whose effects the engine has applied and whose tokens
-	// reach the clients at res.End.
+	// reach the clients at res.End. coasting is set instead when what is in
+	// flight is a run of silent decode steps (engine.Engine.Coast); end is
+	// the sequence number of the event that ends either.
 	stepping bool
+	coasting bool
 	res      engine.StepResult
+	end      uint64
 	samples  []bench.LoadSample
 }
 
@@ -248,7 +259,7 @@ type simulation struct {
 
 	results  []bench.Result
 	events   int64
-	steps    int64
+	stepwise bool
 	progress func()
 	origin   time.Time
 	tokBuf   []int32
@@ -263,11 +274,12 @@ type sessionRef struct {
 
 func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, error) {
 	s := &simulation{
-		cfg:    cfg,
-		text:   !tokenMode(cfg),
-		bounds: withBounds,
-		split:  rand.New(rand.NewPCG(cfg.Seed, 0x73706c6974)),
-		origin: time.Unix(0, 0),
+		cfg:      cfg,
+		text:     !tokenMode(cfg),
+		bounds:   withBounds,
+		stepwise: cfg.stepwise,
+		split:    rand.New(rand.NewPCG(cfg.Seed, 0x73706c6974)),
+		origin:   time.Unix(0, 0),
 	}
 	info := &fleet.Info{Models: []string{cfg.Profile.Model}, BlockSize: cfg.Profile.BlockSize, KVBlocks: cfg.Profile.Blocks()}
 	s.servers = make([]server, cfg.Backends)
@@ -296,6 +308,11 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		if !cfg.ReplicaUnaware {
 			opts.KVRoute.Replicas = cfg.Routers
 		}
+		// kvroute's prefix index need not be finer than the servers'
+		// blocks: a finer one only spends more work to say the same.
+		if b := cfg.Profile.BlockSize * bytesPerToken; b > prefix.DefaultBlockBytes {
+			opts.KVRoute.BlockBytes = b
+		}
 		p, err := router.New(policy, rep.backends, opts)
 		if err != nil {
 			return nil, err
@@ -308,6 +325,10 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 	s.sessions = make([]session, len(s.order))
 	return s, nil
 }
+
+// bytesPerToken is the text a token stands for in the router's prefix
+// indexes when a request is given by token blocks.
+const bytesPerToken = 4
 
 // clock is the policies' clock: virtual time, as a time.Time.
 func (s *simulation) clock() time.Time { return s.origin.Add(s.now) }
@@ -355,7 +376,9 @@ func (s *simulation) run(ctx context.Context) error {
 		case evStepStart:
 			s.step(int(ev.idx))
 		case evStepEnd:
-			s.endStep(int(ev.idx))
+			if ev.seq == s.servers[ev.idx].end {
+				s.endStep(int(ev.idx))
+			}
 		case evScrape:
 			s.scrape(int(ev.idx))
 			if !s.done() {
@@ -408,10 +431,17 @@ func (s *simulation) endSession(i int) {
 	}
 }
 
-// step starts a step on idle server i, or leaves it idle if nothing can be
-// scheduled.
+// step starts a step on idle server i, or a run of silent decode steps, or
+// leaves it idle if nothing can be scheduled.
 func (s *simulation) step(i int) {
 	sv := &s.servers[i]
+	if !s.stepwise {
+		if end := sv.eng.Coast(s.now, math.MaxInt); end > s.now {
+			sv.coasting = true
+			sv.end = s.q.push(end, evStepEnd, int32(i))
+			return
+		}
+	}
 	res := sv.eng.Step(s.now)
 	if res.End <= res.Start {
 		// Nothing could be scheduled (no work, or waiting for KV that only
@@ -419,22 +449,27 @@ func (s *simulation) step(i int) {
 		sv.stepping = false
 		return
 	}
-	s.steps++
 	sv.res = res
-	s.q.push(res.End, evStepEnd, int32(i))
+	sv.end = s.q.push(res.End, evStepEnd, int32(i))
 }
 
-// endStep delivers the tokens of server i's step and starts its next.
+// endStep delivers the tokens of server i's step and starts its next. A
+// run of silent steps has none to deliver.
 func (s *simulation) endStep(i int) {
 	sv := &s.servers[i]
-	for _, r := range sv.res.Tokens {
-		f := s.flights[r.ID]
-		if r.Output == 1 {
-			f.first = s.now
-			f.fl.FirstToken()
-		}
-		if r.State == engine.StateFinished {
-			s.finish(f)
+	if sv.coasting {
+		sv.coasting = false
+		sv.eng.Settle(s.now)
+	} else {
+		for _, r := range sv.res.Tokens {
+			f := s.flights[r.ID]
+			if r.Output == 1 {
+				f.first = s.now
+				f.fl.FirstToken()
+			}
+			if r.State == engine.StateFinished {
+				s.finish(f)
+			}
 		}
 	}
 	if sv.eng.HasWork() {
@@ -444,12 +479,25 @@ func (s *simulation) endStep(i int) {
 	}
 }
 
+// cut ends server i's run of silent steps, if it has one, with the step in
+// flight at now, so that a request arriving now joins the step after it.
+func (s *simulation) cut(i int) {
+	sv := &s.servers[i]
+	if !sv.coasting {
+		return
+	}
+	if end, ok := sv.eng.Cut(s.now); ok {
+		sv.end = s.q.push(end, evStepEnd, int32(i))
+	}
+}
+
 // scrape copies every server's metrics into replica r's view, as a scrape
 // of /metrics would.
 func (s *simulation) scrape(r int) {
 	rep := s.replicas[r]
 	at := s.clock()
 	for i := range s.servers {
+		s.servers[i].eng.Settle(s.now)
 		st := s.servers[i].eng.Stats()
 		rep.metrics[i] = fleet.Metrics{
 			Running: float64(st.Running), Waiting: float64(st.Waiting), KVUsage: st.KVUsage,
@@ -463,6 +511,7 @@ func (s *simulation) scrape(r int) {
 // sample records every server's load.
 func (s *simulation) sample() {
 	for i := range s.servers {
+		s.servers[i].eng.Settle(s.now)
 		st := s.servers[i].eng.Stats()
 		s.servers[i].samples = append(s.servers[i].samples, bench.LoadSample{At: s.now, Running: st.Running, Waiting: st.Waiting, KVUsage: st.KVUsage})
 	}

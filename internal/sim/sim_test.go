@@ -187,3 +187,38 @@ func TestFindBackends(t *testing.T) {
 		t.Errorf("%d servers met the objective but %d was not shown to miss it: %+v", f.Backends, f.Backends-1, f.Trials)
 	}
 }
+
+// Taking runs of decode steps as one event (engine.Engine.Coast) changes
+// no result: every request's timings, backend and cached tokens, and every
+// load sample, are those of stepping through every step.
+func TestCoastingChangesNothing(t *testing.T) {
+	for _, cfg := range []Config{
+		{Workload: chatWorkload(t, 40), Backends: 3, Routers: 2, Policies: []string{"kvroute", "least-request"}},
+		{Workload: traceWorkload(300, 50*time.Millisecond), Backends: 4, Policies: []string{"kvroute", "round-robin"}},
+	} {
+		cfg.Profile, cfg.Seed, cfg.Sample = profile(t), 3, 100*time.Millisecond
+		coasting, stepsA, err := RunStats(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.stepwise = true
+		stepping, stepsB, err := RunStats(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range coasting.Runs {
+			a, b := coasting.Runs[i], stepping.Runs[i]
+			t.Logf("%s, %s: %d events coasting, %d stepping", cfg.Workload.Name, a.Policy, stepsA[i].Events, stepsB[i].Events)
+			if !reflect.DeepEqual(a.Requests, b.Requests) {
+				t.Errorf("%s, %s: requests differ", cfg.Workload.Name, a.Policy)
+			}
+			if !reflect.DeepEqual(a.Backends, b.Backends) {
+				t.Errorf("%s, %s: backends differ", cfg.Workload.Name, a.Policy)
+			}
+			if stepsA[i].Steps != stepsB[i].Steps || stepsA[i].Events*3 > stepsB[i].Events {
+				t.Errorf("%s, %s: %d steps in %d events coasting, %d in %d stepping", cfg.Workload.Name, a.Policy,
+					stepsA[i].Steps, stepsA[i].Events, stepsB[i].Steps, stepsB[i].Events)
+			}
+		}
+	}
+}
