@@ -98,7 +98,7 @@ func (e *Engine) stepsWithBlocks(max, free int) int {
 // that Step adds up for it (each request computes one token, which attends
 // to its whole context and reads it with its own).
 func (e *Engine) decodeTime(b, attended int64) time.Duration {
-	return e.p.StepTime(Work{Tokens: int(b), AttendedPositions: float64(attended), ContextTokens: int(attended + b)})
+	return e.rf.stepTime(Work{Tokens: int(b), AttendedPositions: float64(attended), ContextTokens: int(attended + b)})
 }
 
 // Coasting reports whether a coast is in flight, and its end.
@@ -149,6 +149,10 @@ func (e *Engine) applyUntil(now time.Duration) {
 	}
 	at := e.co.at
 	var busy time.Duration
+	if now >= e.co.end {
+		// The whole rest of the run: its steps' durations sum to its end.
+		n, at, busy = e.co.left, e.co.end, e.co.end-e.co.at
+	}
 	for n < e.co.left && at <= now {
 		d := e.decodeTime(b, attended+b*int64(n))
 		at += d

@@ -24,6 +24,7 @@ var (
 // simulator). An Engine is not safe for concurrent use.
 type Engine struct {
 	p       Profile
+	rf      roofline
 	kv      *kvCache
 	waiting queue
 	running []*Request
@@ -79,7 +80,7 @@ func New(p Profile) (*Engine, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	return &Engine{p: p, kv: newKVCache(p.Blocks())}, nil
+	return &Engine{p: p, rf: p.roofline(), kv: newKVCache(p.Blocks())}, nil
 }
 
 // Profile returns the profile the engine models.
@@ -205,7 +206,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 			res.PrefillTokens += r.scheduled
 		}
 	}
-	dur := e.p.StepTime(w)
+	dur := e.rf.stepTime(w)
 	res.End = now + dur
 	e.stats.Steps++
 	e.stats.BusyTime += dur

@@ -1,5 +1,7 @@
 package engine
 
+import "github.com/kvroute/kvroute/internal/hashtab"
+
 // kvCache is vLLM's paged KV cache with automatic prefix caching: a fixed
 // pool of blocks; a full block is published under the chained hash of its
 // content so later requests with the same prefix reuse it; blocks no request
@@ -13,7 +15,7 @@ type kvCache struct {
 	prev, next []int32
 	head, tail int32
 	free       int
-	byHash     blockTable
+	byHash     hashtab.Table
 }
 
 const none int32 = -1
@@ -27,7 +29,7 @@ func newKVCache(blocks int) *kvCache {
 		next:   make([]int32, blocks),
 		head:   none,
 		tail:   none,
-		byHash: newBlockTable(blocks),
+		byHash: hashtab.New(blocks),
 	}
 	for b := range blocks {
 		c.pushTail(int32(b))
@@ -69,7 +71,7 @@ func (c *kvCache) unlink(b int32) {
 // of those no request holds (they leave the free queue when taken).
 func (c *kvCache) lookup(hashes []uint64) (hits, idle int) {
 	for _, h := range hashes {
-		b, ok := c.byHash.get(h)
+		b, ok := c.byHash.Get(h)
 		if !ok {
 			break
 		}
@@ -85,7 +87,7 @@ func (c *kvCache) lookup(hashes []uint64) (hits, idle int) {
 // lookup) to dst, holding each.
 func (c *kvCache) take(dst []int32, hashes []uint64) []int32 {
 	for _, h := range hashes {
-		b, _ := c.byHash.get(h)
+		b, _ := c.byHash.Get(h)
 		if c.ref[b] == 0 {
 			c.unlink(b)
 		}
@@ -103,7 +105,7 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 		b := c.head
 		c.unlink(b)
 		if c.hashed[b] {
-			c.byHash.deleteIf(c.hash[b], b)
+			c.byHash.DeleteIf(c.hash[b], b)
 			c.hashed[b] = false
 			evicted++
 		}
@@ -116,7 +118,7 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 // publish makes block b findable under h, unless another block already is
 // (two requests computed the same block at once): then b stays private.
 func (c *kvCache) publish(b int32, h uint64) {
-	if c.byHash.insert(h, b) {
+	if c.byHash.Insert(h, b) {
 		c.hash[b], c.hashed[b] = h, true
 	}
 }

@@ -219,18 +219,46 @@ func (w *Work) AddChunk(from, to int) {
 // compute-bound and the memory-bound time (a roofline), plus fixed overheads.
 // An empty step costs nothing.
 func (p Profile) StepTime(w Work) time.Duration {
+	r := p.roofline()
+	return r.stepTime(w)
+}
+
+// roofline is StepTime's model with the profile's constants worked out
+// once: an engine computes it for every step.
+type roofline struct {
+	linear  float64 // FLOPs per token of the linear layers
+	attend  float64 // FLOPs per attended position
+	flops   float64 // FLOP/s reached
+	weights float64 // bytes of weights read per step
+	kv      float64 // bytes of KV per context token
+	bytes   float64 // bytes/s reached
+	fixed   time.Duration
+}
+
+func (p Profile) roofline() roofline {
+	gpus := float64(p.GPUs)
+	return roofline{
+		// Linear layers: 2 FLOPs per parameter per token. Attention: QKᵀ
+		// and AV each cost 2·hidden FLOPs per layer per attended position.
+		linear: 2 * p.Params,
+		attend: 4 * float64(p.Layers) * float64(p.Hidden),
+		flops:  gpus * p.PeakFLOPS * p.MFU,
+		// Every step reads all weights once and the KV of every context
+		// token.
+		weights: p.WeightBytes(),
+		kv:      p.KVBytesPerToken(),
+		bytes:   gpus * p.MemBandwidth * p.MBU,
+		fixed:   p.StepOverhead + p.TPOverhead,
+	}
+}
+
+func (r *roofline) stepTime(w Work) time.Duration {
 	if w.Tokens == 0 {
 		return 0
 	}
-	gpus := float64(p.GPUs)
-	// Linear layers: 2 FLOPs per parameter per token. Attention: QKᵀ and AV
-	// each cost 2·hidden FLOPs per layer per attended position.
-	flops := 2*p.Params*float64(w.Tokens) + 4*float64(p.Layers)*float64(p.Hidden)*w.AttendedPositions
-	compute := flops / (gpus * p.PeakFLOPS * p.MFU)
-	// Every step reads all weights once and the KV of every context token.
-	bytes := p.WeightBytes() + p.KVBytesPerToken()*float64(w.ContextTokens)
-	memory := bytes / (gpus * p.MemBandwidth * p.MBU)
-	return p.StepOverhead + p.TPOverhead + seconds(math.Max(compute, memory))
+	compute := (r.linear*float64(w.Tokens) + r.attend*w.AttendedPositions) / r.flops
+	memory := (r.weights + r.kv*float64(w.ContextTokens)) / r.bytes
+	return r.fixed + seconds(math.Max(compute, memory))
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

@@ -13,6 +13,8 @@ import (
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/internal/hashtab"
 )
 
 // DefaultBlockBytes is the default block size in bytes of text: about 64
@@ -43,9 +45,17 @@ func Hash(dst []uint64, prompt string, blockBytes int) []uint64 {
 
 // Index maps block hashes to the backends that probably hold them. It is
 // safe for concurrent use; every method takes one short lock.
+//
+// Blocks live in a slab, found by hash through a hashtab.Table, and are
+// reused with their holder lists when forgotten: an index at a thousand
+// backends remembers millions of blocks and replaces them all the time,
+// and neither a Go map (slow once it has seen many deletions) nor a heap
+// object per block (work for the garbage collector) keeps up.
 type Index struct {
 	mu       sync.Mutex
-	blocks   map[uint64]*block
+	byHash   hashtab.Table // block hash → index in blocks
+	blocks   []block
+	unused   []int32 // indexes of blocks no backend holds
 	backends []lru
 }
 
@@ -70,7 +80,7 @@ type lru struct {
 }
 
 type node struct {
-	b          *block
+	b          int32 // index in Index.blocks
 	prev, next int32
 }
 
@@ -79,7 +89,7 @@ const nilNode int32 = -1
 // New returns an empty index for backends numbered 0..n-1, each holding at
 // most capacity blocks until SetCapacity says otherwise.
 func New(n, capacity int) *Index {
-	ix := &Index{blocks: make(map[uint64]*block), backends: make([]lru, n)}
+	ix := &Index{backends: make([]lru, n)}
 	for i := range ix.backends {
 		ix.backends[i] = lru{capacity: max(capacity, 1), head: nilNode, tail: nilNode, free: nilNode}
 	}
@@ -122,10 +132,11 @@ func (ix *Index) Match(hashes []uint64, matched []int) int {
 	defer ix.mu.Unlock()
 	longest := 0
 	for i, h := range hashes {
-		b := ix.blocks[h]
-		if b == nil {
+		bi, ok := ix.byHash.Get(h)
+		if !ok {
 			break
 		}
+		b := &ix.blocks[bi]
 		alive := false
 		for _, hd := range b.holders {
 			if matched[hd.backend] == i {
@@ -160,11 +171,11 @@ func (ix *Index) Forget(backend int, hashes []uint64, from int) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	for _, h := range hashes[min(from, len(hashes)):] {
-		b := ix.blocks[h]
-		if b == nil {
+		bi, ok := ix.byHash.Get(h)
+		if !ok {
 			continue
 		}
-		for _, hd := range b.holders {
+		for _, hd := range ix.blocks[bi].holders {
 			if int(hd.backend) == backend {
 				ix.remove(backend, hd.node)
 				break
@@ -176,25 +187,43 @@ func (ix *Index) Forget(backend int, hashes []uint64, from int) {
 // touch makes h the most recently used block of backend, adding it if new.
 func (ix *Index) touch(backend int, h uint64) {
 	l := &ix.backends[backend]
-	b := ix.blocks[h]
-	if b == nil {
-		b = &block{hash: h}
-		ix.blocks[h] = b
-	}
-	for _, hd := range b.holders {
-		if int(hd.backend) == backend {
-			l.unlink(hd.node)
-			l.pushHead(hd.node)
-			return
+	bi, ok := ix.byHash.Get(h)
+	if ok {
+		for _, hd := range ix.blocks[bi].holders {
+			if int(hd.backend) == backend {
+				l.unlink(hd.node)
+				l.pushHead(hd.node)
+				return
+			}
 		}
 	}
 	if l.size >= l.capacity {
+		// Not h's block, if it exists: this backend does not hold it.
 		ix.evictTail(backend)
 	}
-	n := l.alloc(b)
+	if !ok {
+		bi = ix.newBlock(h)
+	}
+	n := l.alloc(bi)
 	l.pushHead(n)
 	l.size++
-	b.holders = append(b.holders, holder{backend: int32(backend), node: n})
+	ix.blocks[bi].holders = append(ix.blocks[bi].holders, holder{backend: int32(backend), node: n})
+}
+
+// newBlock returns the index of a block for h that no backend holds,
+// reusing a forgotten one and its holder list's memory.
+func (ix *Index) newBlock(h uint64) int32 {
+	var bi int32
+	if n := len(ix.unused); n > 0 {
+		bi = ix.unused[n-1]
+		ix.unused = ix.unused[:n-1]
+		ix.blocks[bi].hash = h
+	} else {
+		bi = int32(len(ix.blocks))
+		ix.blocks = append(ix.blocks, block{hash: h})
+	}
+	ix.byHash.Insert(h, bi)
+	return bi
 }
 
 func (ix *Index) evictTail(backend int) {
@@ -204,7 +233,8 @@ func (ix *Index) evictTail(backend int) {
 // remove drops node n (a block) from backend's list and the block's holders.
 func (ix *Index) remove(backend int, n int32) {
 	l := &ix.backends[backend]
-	b := l.nodes[n].b
+	bi := l.nodes[n].b
+	b := &ix.blocks[bi]
 	l.unlink(n)
 	l.release(n)
 	l.size--
@@ -217,11 +247,12 @@ func (ix *Index) remove(backend int, n int32) {
 		}
 	}
 	if len(b.holders) == 0 {
-		delete(ix.blocks, b.hash)
+		ix.byHash.Delete(b.hash)
+		ix.unused = append(ix.unused, bi)
 	}
 }
 
-func (l *lru) alloc(b *block) int32 {
+func (l *lru) alloc(b int32) int32 {
 	if l.free != nilNode {
 		n := l.free
 		l.free = l.nodes[n].next
@@ -233,7 +264,7 @@ func (l *lru) alloc(b *block) int32 {
 }
 
 func (l *lru) release(n int32) {
-	l.nodes[n] = node{next: l.free, prev: nilNode}
+	l.nodes[n] = node{b: -1, next: l.free, prev: nilNode}
 	l.free = n
 }
 

@@ -1,6 +1,8 @@
 package prefix
 
 import (
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -93,5 +95,86 @@ func BenchmarkHash(b *testing.B) {
 	buf := make([]uint64, 0, len(prompt)/DefaultBlockBytes)
 	for b.Loop() {
 		sinkHashes = Hash(buf[:0], prompt, DefaultBlockBytes)
+	}
+}
+
+// The index agrees with a plain model of it (per backend, a list of hashes,
+// most recently used first, cut to the capacity) under random insertions,
+// forgetting and capacity changes, while blocks are forgotten and reused.
+func TestIndexMatchesModel(t *testing.T) {
+	const backends = 4
+	rng := rand.New(rand.NewPCG(8, 9))
+	ix := New(backends, 30)
+	model := make([][]uint64, backends)
+	capacity := []int{30, 30, 30, 30}
+	touch := func(b int, h uint64) {
+		m := model[b]
+		for i, x := range m {
+			if x == h {
+				m = append(m[:i], m[i+1:]...)
+				break
+			}
+		}
+		model[b] = append([]uint64{h}, m...)
+		if len(model[b]) > capacity[b] {
+			model[b] = model[b][:capacity[b]]
+		}
+	}
+	prompt := func() []uint64 {
+		hs := make([]uint64, 1+rng.IntN(12))
+		for i := range hs {
+			hs[i] = uint64(rng.IntN(60))*1000 + uint64(i) // a few shared heads
+		}
+		return hs
+	}
+	matched := make([]int, backends)
+	for op := range 20_000 {
+		b := rng.IntN(backends)
+		switch r := rng.IntN(10); {
+		case r < 6:
+			hs := prompt()
+			ix.Insert(b, hs)
+			for i := len(hs) - 1; i >= 0; i-- {
+				touch(b, hs[i])
+			}
+		case r < 7:
+			hs := prompt()
+			from := rng.IntN(len(hs))
+			ix.Forget(b, hs, from)
+			for _, h := range hs[from:] {
+				for i, x := range model[b] {
+					if x == h {
+						model[b] = append(model[b][:i], model[b][i+1:]...)
+						break
+					}
+				}
+			}
+		case r < 8:
+			capacity[b] = 1 + rng.IntN(40)
+			ix.SetCapacity(b, capacity[b])
+			model[b] = model[b][:min(len(model[b]), capacity[b])]
+		default:
+			hs := prompt()
+			longest := ix.Match(hs, matched)
+			want := 0
+			for k := range backends {
+				n := 0
+				for n < len(hs) && slices.Contains(model[k], hs[n]) {
+					n++
+				}
+				if matched[k] != n {
+					t.Fatalf("op %d: backend %d matched %d blocks, want %d", op, k, matched[k], n)
+				}
+				want = max(want, n)
+			}
+			if longest != want {
+				t.Fatalf("op %d: longest %d, want %d", op, longest, want)
+			}
+		}
+		for k := range backends {
+			if ix.Len(k) != len(model[k]) {
+				t.Fatalf("op %d: backend %d holds %d blocks, want %d", op, k, ix.Len(k), len(model[k]))
+			}
+		}
 	}
 }

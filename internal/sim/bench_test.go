@@ -25,7 +25,7 @@ func BenchmarkSimMooncake(b *testing.B) {
 	for _, servers := range []int{8, 64} {
 		for _, policy := range []string{"kvroute", "round-robin"} {
 			b.Run(fmt.Sprintf("servers=%d/%s", servers, policy), func(b *testing.B) {
-				cfg := Config{Workload: w, Backends: servers, Tile: servers / 8, Profile: profile(b),
+				cfg := Config{Workload: w, Backends: servers, Tile: servers / 8, Profile: profile(b).WithBlockSize(512),
 					Policies: []string{policy}, Seed: 1, BoundsLimit: -1}
 				var st []Stats
 				for b.Loop() {

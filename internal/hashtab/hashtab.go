@@ -1,0 +1,141 @@
+// Package hashtab is a hash table from 64-bit hashes to small non-negative
+// integers: what a Go map[uint64]int32 does, as an open-addressing table
+// with linear probing that is never more than half full and deletes by
+// shifting entries back instead of leaving tombstones.
+//
+// The engine model indexes every published KV block with one, and the
+// router's prefix index every block it remembers. A fleet simulation does
+// a lookup, insertion or deletion for every block of every prompt, mostly
+// of keys not in cache: here that is one probe of two parallel arrays,
+// where a Go map after many deletions probes several groups, and neither
+// array holds a pointer for the garbage collector to scan.
+package hashtab
+
+import "math/bits"
+
+// Table maps uint64 keys to int32 values in [0, MaxInt32). The zero Table
+// is empty and ready to use. Not safe for concurrent use.
+type Table struct {
+	keys  []uint64
+	vals  []int32 // value + 1; 0 marks an empty slot
+	n     int
+	shift uint
+	mask  uint64
+}
+
+// New returns a table that holds size entries before it first grows.
+func New(size int) Table {
+	var t Table
+	t.resize(2 * size)
+	return t
+}
+
+// resize rehashes into a power of two of at least slots slots (and 8).
+func (t *Table) resize(slots int) {
+	n := 1 << bits.Len(uint(max(slots, 8)-1))
+	keys, vals := t.keys, t.vals
+	t.keys, t.vals = make([]uint64, n), make([]int32, n)
+	t.shift, t.mask = uint(64-bits.TrailingZeros(uint(n))), uint64(n-1)
+	t.n = 0
+	for i, v := range vals {
+		if v != 0 {
+			t.place(keys[i], v)
+		}
+	}
+}
+
+// Len returns the number of entries.
+func (t *Table) Len() int { return t.n }
+
+// home is h's first slot. Fibonacci hashing spreads keys that are not
+// uniform themselves (tests use small numbers).
+func (t *Table) home(h uint64) uint64 { return (h * 0x9e3779b97f4a7c15) >> t.shift }
+
+// Get returns the value of h.
+func (t *Table) Get(h uint64) (int32, bool) {
+	if t.n == 0 {
+		return 0, false
+	}
+	for i := t.home(h); ; i = (i + 1) & t.mask {
+		switch v := t.vals[i]; {
+		case v == 0:
+			return 0, false
+		case t.keys[i] == h:
+			return v - 1, true
+		}
+	}
+}
+
+// Insert sets h to v unless h is present, and reports whether it did.
+func (t *Table) Insert(h uint64, v int32) bool {
+	if 2*(t.n+1) > len(t.vals) {
+		t.resize(2 * len(t.vals))
+	}
+	for i := t.home(h); ; i = (i + 1) & t.mask {
+		switch w := t.vals[i]; {
+		case w == 0:
+			t.keys[i], t.vals[i] = h, v+1
+			t.n++
+			return true
+		case t.keys[i] == h:
+			return false
+		}
+	}
+}
+
+// place puts an entry known to be absent into a table with room.
+func (t *Table) place(h uint64, stored int32) {
+	i := t.home(h)
+	for t.vals[i] != 0 {
+		i = (i + 1) & t.mask
+	}
+	t.keys[i], t.vals[i] = h, stored
+	t.n++
+}
+
+// Delete removes h.
+func (t *Table) Delete(h uint64) { t.DeleteIf(h, -1) }
+
+// DeleteIf removes h if its value is v, or whatever its value if v is -1.
+func (t *Table) DeleteIf(h uint64, v int32) {
+	if t.n == 0 {
+		return
+	}
+	for i := t.home(h); ; i = (i + 1) & t.mask {
+		switch w := t.vals[i]; {
+		case w == 0:
+			return
+		case t.keys[i] == h:
+			if v >= 0 && w != v+1 {
+				return
+			}
+			t.removeAt(i)
+			t.n--
+			return
+		}
+	}
+}
+
+// removeAt empties slot i, shifting back later entries of its probe run
+// whose home does not lie after the hole, so that no lookup ever stops
+// early and no tombstones accumulate.
+func (t *Table) removeAt(i uint64) {
+	for {
+		t.vals[i] = 0
+		j := i
+		for {
+			j = (j + 1) & t.mask
+			if t.vals[j] == 0 {
+				return
+			}
+			// The entry at j may fill the hole at i unless its home lies
+			// cyclically in (i, j].
+			k := t.home(t.keys[j])
+			if (j-k)&t.mask >= (j-i)&t.mask {
+				t.keys[i], t.vals[i] = t.keys[j], t.vals[j]
+				i = j
+				break
+			}
+		}
+	}
+}
