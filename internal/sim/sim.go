@@ -323,6 +323,8 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 	}
 	s.order = sessionOrder(cfg)
 	s.sessions = make([]session, len(s.order))
+	// A million results grown by appending would be copied twice over.
+	s.results = make([]bench.Result, 0, cfg.Tile*cfg.Workload.Requests())
 	return s, nil
 }
 
