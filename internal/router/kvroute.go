@@ -74,6 +74,9 @@ type KVRoute struct {
 	// there overstates it as soon as the backend starts computing, and a
 	// long prompt half done is half the wait.
 	queue []drain
+	// epoch is when the policy was made: queue times are seconds since it,
+	// cheaper to subtract for a thousand backends than time.Time.
+	epoch time.Time
 	// arrivals counts the requests routed, decayed over arrivalWindow
 	// seconds, as of arrivedAt.
 	arrivals  float64
@@ -175,6 +178,7 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 		ratio:     defaultRatio,
 		sessions:  make(map[string]int),
 		queue:     make([]drain, n),
+		epoch:     cfg.Now(),
 	}
 	p.index = prefix.New(n, p.blocksFor(cfg.DefaultKVTokens))
 	p.pooled = newSpeed()
@@ -193,18 +197,19 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 func (*KVRoute) Name() string { return "kvroute" }
 
 // drain is a fluid model of one backend's prefill queue: work seconds of
-// prefill at the moment at, computed since at one second a second.
+// prefill at the moment at (seconds since the policy's epoch), computed
+// since at one second a second.
 type drain struct {
 	work float64
-	at   time.Time
+	at   float64
 }
 
 // left returns the seconds of prefill still ahead at now on a backend where
 // the prompt tokens the router sent that still await their first token
 // would take most seconds to compute from scratch: never more, and none
 // when none do.
-func (d drain) left(now time.Time, most float64) float64 {
-	return math.Max(0, math.Min(d.work-now.Sub(d.at).Seconds(), most))
+func (d drain) left(now, most float64) float64 {
+	return max(0, min(d.work-(now-d.at), most))
 }
 
 // candidate is what Pick works out about one backend before costing it.
@@ -214,6 +219,8 @@ type candidate struct {
 	slow   float64 // its TTFTs over the fleet's, relative to the mean
 	queued float64 // seconds of prefill ahead there
 	own    float64 // seconds of the request's own prefill there
+	ttft   float64 // predicted TTFT there, seconds
+	cost   float64 // what the choice minimises
 }
 
 // arrivalRate returns the requests a second the policy has routed lately,
@@ -259,13 +266,13 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	bound := p.cfg.LoadFactor*float64(total+1)/float64(len(cands)) + loadSlack
 
 	now := p.cfg.Now()
+	nowS := now.Sub(p.epoch).Seconds()
 	p.mu.Lock()
 	ratio := p.ratio
 	session, hasSession := p.sessions[req.SessionKey]
 	hasSession = hasSession && req.SessionKey != ""
 	promptTokens := req.promptTokens(ratio)
 	need := float64(promptTokens + max(req.MaxTokens, defaultOutput))
-	scores := make([]Score, len(cands))
 	s.cand = slices.Grow(s.cand[:0], len(cands))[:len(cands)]
 	cand := s.cand
 	clear(cand)
@@ -276,9 +283,11 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		c.cached = min(promptTokens, int(float64(s.matched[b.Index]*p.cfg.BlockBytes)/ratio))
 		c.slow = p.observed[b.Index] / p.predicted[b.Index] / meanSlow
 		c.miss = float64(promptTokens - c.cached)
-		c.queued = p.queue[b.Index].left(now, c.slow*p.pooled.prefill(float64(loads[i].PrefillTokens), 0))
+		if loads[i].PrefillTokens > 0 {
+			c.queued = p.queue[b.Index].left(nowS, c.slow*p.pooled.prefill(float64(loads[i].PrefillTokens), 0))
+		}
 		c.own = c.slow * p.pooled.prefill(c.miss, float64(c.cached))
-		backlog = math.Min(backlog, c.queued)
+		backlog = min(backlog, c.queued)
 	}
 	// The miss penalty grows with the backlog every backend has: once the
 	// whole fleet is queued, a recomputed prefix delays each request that
@@ -314,16 +323,16 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		if float64(loads[i].Requests+1) > bound {
 			cost = math.Inf(1) // over the load bound: only if all are
 		}
-		scores[i] = Score{Backend: b.Name, Cost: cost, TTFT: seconds(ttft), Cached: c.cached}
-		if best < 0 || cost < scores[best].Cost {
+		c.ttft, c.cost = ttft, cost
+		if best < 0 || cost < cand[best].cost {
 			best = i
 		}
 		// The cost on an idle backend: what no choice can avoid, and the
 		// TTFT there, whose error makes near costs ties.
-		floor = math.Min(floor, c.slow*p.pooled.overhead+(1+penalty)*c.own)
-		floorTTFT = math.Min(floorTTFT, c.slow*p.pooled.overhead+c.own)
+		floor = min(floor, c.slow*p.pooled.overhead+(1+penalty)*c.own)
+		floorTTFT = min(floorTTFT, c.slow*p.pooled.overhead+c.own)
 	}
-	if math.IsInf(scores[best].Cost, 1) {
+	if math.IsInf(cand[best].cost, 1) {
 		// Every backend is over the bound (the slack above the mean makes
 		// this impossible, short of counts changing under Pick): fall back
 		// to the least loaded.
@@ -334,21 +343,21 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 			}
 		}
 	} else {
-		best = p.breakTie(scores, cands, best, floor, floorTTFT, session, hasSession, p.placementKey(req, s.hashes))
+		best = p.breakTie(cand, cands, best, floor, floorTTFT, session, hasSession, p.placementKey(req, s.hashes))
 	}
 	chosen := cands[best]
-	p.queue[chosen.Index] = drain{work: cand[best].queued + cand[best].own, at: now}
+	p.queue[chosen.Index] = drain{work: cand[best].queued + cand[best].own, at: nowS}
 	p.mu.Unlock()
 
 	d := Decision{
 		Backend:       chosen,
 		PromptTokens:  promptTokens,
-		PrefixTokens:  scores[best].Cached,
+		PrefixTokens:  cand[best].cached,
 		OutputTokens:  req.MaxTokens,
 		QueuedTokens:  int(loads[best].PrefillTokens),
 		Decoding:      int(loads[best].Decoding),
-		PredictedTTFT: scores[best].TTFT,
-		Scores:        scores,
+		PredictedTTFT: seconds(cand[best].ttft),
+		Scores:        explain(cand, cands, best),
 	}
 	switch {
 	case longest > 0 && s.matched[chosen.Index] == longest:
@@ -379,26 +388,81 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 // the prediction's own error on the request's prefill: a long prompt's
 // prefill seconds are no reason to call a half-second difference in queues a
 // tie, nor is a learned speed's noise a reason to herd onto one backend.
-func (p *KVRoute) breakTie(scores []Score, cands []*fleet.Backend, best int, floor, floorTTFT float64, session int, hasSession bool, key uint64) int {
+func (p *KVRoute) breakTie(cand []candidate, cands []*fleet.Backend, best int, floor, floorTTFT float64, session int, hasSession bool, key uint64) int {
 	if key != 0 && !hasSession {
-		return placeByKey(scores, cands, best, key)
+		return placeByKey(cand, cands, best, key)
 	}
-	c := scores[best].Cost
+	c := cand[best].cost
 	limit := c + math.Max(tieFloor, tieTolerance*math.Max(0, c-floor)+speedNoise*floorTTFT)
-	ties, pick := 0, best
-	for i := range scores {
-		if scores[i].Cost > limit {
+	ties := 0
+	for i := range cand {
+		if cand[i].cost > limit {
 			continue
 		}
 		if hasSession && cands[i].Index == session {
 			return i
 		}
 		ties++
-		if p.rand.IntN(ties) == 0 {
-			pick = i
+	}
+	// One draw for the lot: in a large idle fleet most backends tie.
+	k := p.rand.IntN(ties)
+	for i := range cand {
+		if cand[i].cost <= limit {
+			if k == 0 {
+				return i
+			}
+			k--
 		}
 	}
-	return pick
+	return best
+}
+
+// maxScores bounds the candidates a kvroute decision explains: with a
+// thousand backends, a thousand scores per request would cost more to
+// build than the decision and say nothing more than the cheapest few.
+const maxScores = 16
+
+// explain returns the decision's scores: every candidate's, in order, or
+// in a larger fleet the chosen one's and the cheapest others', cheapest
+// first.
+func explain(cand []candidate, cands []*fleet.Backend, best int) []Score {
+	score := func(i int) Score {
+		return Score{Backend: cands[i].Name, Cost: cand[i].cost, TTFT: seconds(cand[i].ttft), Cached: cand[i].cached}
+	}
+	scores := make([]Score, 0, min(len(cands), maxScores))
+	if len(cands) <= maxScores {
+		for i := range cands {
+			scores = append(scores, score(i))
+		}
+		return scores
+	}
+	// The cheapest others by insertion into a short sorted list: most
+	// candidates cost one comparison with its last.
+	var top [maxScores - 1]int
+	n, worst := 0, math.Inf(1) // worst: the last kept's cost once the list is full
+	for i := range cand {
+		c := cand[i].cost
+		if c >= worst || i == best {
+			continue
+		}
+		j := min(n, len(top)-1)
+		for j > 0 && cand[top[j-1]].cost > c {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = i
+		if n < len(top) {
+			n++
+		}
+		if n == len(top) {
+			worst = cand[top[n-1]].cost
+		}
+	}
+	scores = append(scores, score(best))
+	for _, i := range top[:n] {
+		scores = append(scores, score(i))
+	}
+	return scores
 }
 
 // Observe implements Learner: it learns prompt bytes per token and each

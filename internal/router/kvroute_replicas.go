@@ -65,11 +65,11 @@ func (p *KVRoute) placementKey(req *Request, hashes []uint64) uint64 {
 // placement slack of the best, the one that rendezvous hashing of key ranks
 // first: the same for every replica that sees the same costs, and for most
 // that see nearly the same.
-func placeByKey(scores []Score, cands []*fleet.Backend, best int, key uint64) int {
-	limit := scores[best].Cost + placementSlack
+func placeByKey(cand []candidate, cands []*fleet.Backend, best int, key uint64) int {
+	limit := cand[best].cost + placementSlack
 	pick := best
-	for i := range scores {
-		if scores[i].Cost <= limit && rendezvous(key, cands[i].Index) > rendezvous(key, cands[pick].Index) {
+	for i := range cand {
+		if cand[i].cost <= limit && rendezvous(key, cands[i].Index) > rendezvous(key, cands[pick].Index) {
 			pick = i
 		}
 	}

@@ -154,8 +154,9 @@ type Decision struct {
 	// PredictedTTFT is the policy's predicted time to first token; 0 for
 	// policies that do not predict.
 	PredictedTTFT time.Duration
-	// Scores explains the choice, one entry per candidate; nil for policies
-	// that do not score.
+	// Scores explains the choice, one entry per candidate (kvroute, among
+	// more than 16: the chosen one and the 15 cheapest others); nil for
+	// policies that do not score.
 	Scores []Score
 }
 

@@ -3,7 +3,9 @@ package router
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -419,5 +421,42 @@ func TestKVRouteWaitsForASlot(t *testing.T) {
 	}
 	for _, f := range held {
 		f.Done()
+	}
+}
+
+// A kvroute decision among many candidates explains itself with the chosen
+// one and the cheapest others, cheapest first; among few, with all of them.
+func TestKVRouteExplainsTheCheapest(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 5))
+	for _, n := range []int{5, 32, 33, 1000} {
+		cand := make([]candidate, n)
+		cands := make([]*fleet.Backend, n)
+		for i := range cand {
+			cand[i].cost = float64(rng.IntN(50)) // ties among the cheapest too
+			cands[i] = fleet.NewBackend(i, fmt.Sprint(i), nil)
+		}
+		best := rng.IntN(n)
+		got := explain(cand, cands, best)
+		if n <= maxScores {
+			if len(got) != n || got[best].Backend != cands[best].Name {
+				t.Fatalf("%d candidates: %d scores, want all", n, len(got))
+			}
+			continue
+		}
+		if len(got) != maxScores || got[0].Backend != cands[best].Name {
+			t.Fatalf("%d candidates: %d scores, first %s; want %d, first the chosen %s", n, len(got), got[0].Backend, maxScores, cands[best].Name)
+		}
+		var others []float64
+		for i := range cand {
+			if i != best {
+				others = append(others, cand[i].cost)
+			}
+		}
+		slices.Sort(others)
+		for k, s := range got[1:] {
+			if s.Cost != others[k] {
+				t.Fatalf("%d candidates: score %d costs %v, want the %d-th cheapest %v", n, k+1, s.Cost, k+1, others[k])
+			}
+		}
 	}
 }
