@@ -110,7 +110,7 @@ func TestSessionHashIsStickyAndConsistent(t *testing.T) {
 
 func TestKVRouteKeepsConversationOnItsBackend(t *testing.T) {
 	bs := backends(4)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	system := words(0, 2000)
 	for conv := range 20 {
 		turn1 := system + words(conv+1, 3000)
@@ -130,7 +130,7 @@ func TestKVRouteKeepsConversationOnItsBackend(t *testing.T) {
 
 func TestKVRouteSpreadsHotPrefixWhenItsBackendSaturates(t *testing.T) {
 	bs := backends(4)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	system := words(0, 16_000) // 4k tokens shared by everyone
 	var flights []*fleet.Flight
 	used := map[string]int{}
@@ -165,7 +165,7 @@ func TestKVRouteSpreadsHotPrefixWhenItsBackendSaturates(t *testing.T) {
 
 func TestKVRouteTiesBreakRandomly(t *testing.T) {
 	bs := backends(4)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	seen := map[string]int{}
 	for i := range 400 {
 		seen[pick(t, p, &Request{Prompt: words(i, 100)}, bs).Backend.Name]++
@@ -179,7 +179,7 @@ func TestKVRouteTiesBreakRandomly(t *testing.T) {
 
 func TestKVRouteRespectsLoadBound(t *testing.T) {
 	bs := backends(4)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, LoadFactor: 1.5})
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, LoadFactor: 1.5, Now: frozenClock})
 	prompt := words(0, 40_000)
 	var flights []*fleet.Flight
 	used := map[*fleet.Backend]bool{}
@@ -212,7 +212,7 @@ func TestKVRouteRespectsLoadBound(t *testing.T) {
 
 func TestKVRouteLearnsPrefillSpeed(t *testing.T) {
 	bs := backends(2)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	// Backend 1 is three times slower: 10k tokens/s against 30k, with 50 ms
 	// of overhead on both.
 	rates := []float64{30_000, 10_000}
@@ -250,7 +250,7 @@ func TestKVRouteLearnsPrefillSpeed(t *testing.T) {
 
 func TestKVRouteShrinksIndexOnMissedPrediction(t *testing.T) {
 	bs := backends(1)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	prompt := words(0, 8000)
 	d := pick(t, p, &Request{Prompt: prompt}, bs)
 	d = pick(t, p, &Request{Prompt: prompt}, bs)
@@ -305,7 +305,7 @@ func TestSpeedLearnsAttention(t *testing.T) {
 
 func TestKVRouteAvoidsBusyDecoders(t *testing.T) {
 	bs := backends(2)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	// b0 has 40 requests past their first token; b1 none. Nothing is queued
 	// for prefill on either, and the load bound is loose enough to allow b0.
 	var flights []*fleet.Flight
@@ -326,7 +326,7 @@ func TestKVRouteAvoidsBusyDecoders(t *testing.T) {
 
 func TestKVRouteForgetsPromptOfFailedRequest(t *testing.T) {
 	bs := backends(2)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	prompt := words(0, 8000)
 	d := pick(t, p, &Request{Prompt: prompt}, bs)
 	p.Observe(Outcome{Request: &Request{Prompt: prompt}, Decision: d, Status: 0, PromptTokens: -1, CachedTokens: -1})
@@ -337,7 +337,7 @@ func TestKVRouteForgetsPromptOfFailedRequest(t *testing.T) {
 
 func TestKVRouteWaitsForKVMemory(t *testing.T) {
 	bs := backends(2) // 400k tokens of KV each
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	prompt := words(0, 40_000) // about 10k tokens
 	d := pick(t, p, &Request{Prompt: prompt}, bs)
 	cached := d.Backend
@@ -400,7 +400,7 @@ func TestKVRouteDrainsQueuedPrefill(t *testing.T) {
 func TestKVRouteWaitsForASlot(t *testing.T) {
 	bs := backends(2)
 	slots := map[*fleet.Backend]*fleet.Metrics{bs[0]: {Slots: 4}, bs[1]: {Slots: 4}}
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Metrics: func(b *fleet.Backend) *fleet.Metrics { return slots[b] }})
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Metrics: func(b *fleet.Backend) *fleet.Metrics { return slots[b] }, Now: frozenClock})
 	prompt := words(0, 8000) // about 2k tokens: 0.07 s to prefill
 	d := pick(t, p, &Request{Prompt: prompt}, bs)
 	cached, other := d.Backend, bs[1-d.Backend.Index]
@@ -460,3 +460,8 @@ func TestKVRouteExplainsTheCheapest(t *testing.T) {
 		}
 	}
 }
+
+// frozenClock stands still: requests arrive at one instant, and no queue
+// drains however slowly a test runs (under the race detector, on a busy
+// machine).
+func frozenClock() time.Time { return time.Unix(1000, 0) }
