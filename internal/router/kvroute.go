@@ -372,13 +372,21 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	return d, nil
 }
 
-// breakTie returns a random candidate among those whose cost is within the
-// tolerance of the best, preferring the session's backend when it is one.
-// The tolerance is relative to the part of the cost that depends on the
-// choice (the best cost above the floor, the cheapest idle backend's), plus
-// the prediction's own error on the request's prefill: a long prompt's
-// prefill seconds are no reason to call a half-second difference in queues a
-// tie, nor is a learned speed's noise a reason to herd onto one backend.
+// breakTie returns, among the candidates whose cost is within the tolerance
+// of the best, the session's backend when it is one, else one of those
+// expected to hold the most of the prompt, at random. The tolerance is
+// relative to the part of the cost that depends on the choice (the best cost
+// above the floor, the cheapest idle backend's), plus the prediction's own
+// error on the request's prefill: a long prompt's prefill seconds are no
+// reason to call a half-second difference in queues a tie, nor is a learned
+// speed's noise a reason to herd onto one backend.
+//
+// Within the tolerance the predictions cannot tell the candidates apart, but
+// the cache can: a random pick among them moved conversations off their
+// prefix whenever every backend waited for KV memory (the waits make the
+// tolerance seconds wide), and each move recomputed the prefix and spent
+// cache on a second copy. An idle fleet, where no candidate holds more than
+// another, still spreads its work at random.
 func (p *KVRoute) breakTie(scores []Score, cands []*fleet.Backend, best int, floor, floorTTFT float64, session int, hasSession bool, key uint64) int {
 	if key != 0 && !hasSession {
 		return placeByKey(scores, cands, best, key)
@@ -392,6 +400,12 @@ func (p *KVRoute) breakTie(scores []Score, cands []*fleet.Backend, best int, flo
 		}
 		if hasSession && cands[i].Index == session {
 			return i
+		}
+		switch {
+		case ties > 0 && scores[i].Cached < scores[pick].Cached:
+			continue
+		case ties > 0 && scores[i].Cached > scores[pick].Cached:
+			ties = 0
 		}
 		ties++
 		if p.rand.IntN(ties) == 0 {
