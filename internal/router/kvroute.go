@@ -430,7 +430,7 @@ func (p *KVRoute) Observe(o Outcome) {
 		p.mu.Lock()
 		held := int(float64(o.Decision.PrefixTokens) * p.ratio / float64(p.cfg.BlockBytes))
 		p.mu.Unlock()
-		p.index.Forget(b.Index, prefix.Hash(nil, o.Request.Prompt, p.cfg.BlockBytes), held)
+		p.index.Forget(b.Index, o.Request.prefixHashes(nil, p.cfg.BlockBytes), held)
 		return
 	}
 	if o.Status != 200 || o.PromptTokens <= 0 {

@@ -16,3 +16,18 @@ func TestKVRouteTiesGoToTheCache(t *testing.T) {
 		}
 	}
 }
+
+func TestKVRouteForgetsTokenBlocksOfFailedRequest(t *testing.T) {
+	bs := backends(2)
+	p := NewKVRoute(bs, KVRouteConfig{Seed: 1})
+	blocks := make([]uint64, 64)
+	for i := range blocks {
+		blocks[i] = uint64(i + 1)
+	}
+	req := &Request{PromptTokens: 1024, TokenBlocks: blocks, TokenBlockSize: 16}
+	d := pick(t, p, req, bs)
+	p.Observe(Outcome{Request: req, Decision: d, Status: 0, PromptTokens: -1, CachedTokens: -1})
+	if n := p.index.Len(d.Backend.Index); n != 0 {
+		t.Errorf("the index still holds %d blocks of a prompt the backend never saw", n)
+	}
+}
