@@ -24,7 +24,8 @@ var (
 //
 // where the queued prefill and the decoding requests are the router's own
 // exact, immediate counts of the work it sent, the uncached tokens come from
-// the prefix index, overhead, rate and slowdown are learned from observed
+// the prefix index (plus a learned share of what a longer memory of the
+// backend's recent prompts holds), overhead, rate and slowdown are learned from observed
 // TTFTs over the whole fleet and scaled per backend by how much slower or
 // faster its own TTFTs have been than that fit predicted, and the KV wait is
 // the time until b's cache has room for the request: the tokens b's requests
@@ -33,8 +34,8 @@ var (
 //
 // To that it adds the uncached prefill once more, times MissPenalty: the
 // price the rest of the fleet pays for a recomputed prefix. It picks the
-// lowest cost, at random among near-ties (within 10 % or 5 ms), preferring
-// the session's backend. A conversation or a hot prefix therefore stays where
+// lowest cost; among near-ties (within 10 % or 5 ms) the session's backend,
+// else the one expected to hold most of the prompt, else at random. A conversation or a hot prefix therefore stays where
 // its cache is until the queue there costs more than prefilling elsewhere;
 // then it spills to the next cheapest backend, and the index remembers both,
 // so the prefix spreads to as few backends as the load needs. No backend may
@@ -43,6 +44,15 @@ type KVRoute struct {
 	cfg   KVRouteConfig
 	rand  *lockedRand
 	index *prefix.Index
+	// recent remembers recentFactor times as many blocks per backend as
+	// index: what it probably holds and what it held until lately. An
+	// engine's cache is not the index's LRU of routed prompts (it keeps a
+	// request's blocks from when it finishes, keeps what running requests
+	// hold, evicts sooner when requests wait for memory), so a prefix the
+	// index has just forgotten is often still there; and where it is not,
+	// recomputing it there costs no more than anywhere else. Forgetting it
+	// outright moved conversations off the backend that still held them.
+	recent *prefix.Index
 
 	mu     sync.Mutex
 	pooled speed // learned from every backend
@@ -69,6 +79,14 @@ type KVRoute struct {
 	ratio                   float64
 	ratioBytes, ratioTokens float64
 	sessions                map[string]int
+	// pending holds, for each routed request whose backend held more of it
+	// in recent than in index, the two, until its outcome says how much of
+	// the difference was cached.
+	pending map[*Request]tiers
+	// recentHit and recentSeen are decayed sums of the prompt tokens that
+	// recent alone predicted cached on the chosen backend and of those the
+	// backend had: their ratio is the odds that such a token is cached.
+	recentHit, recentSeen float64
 	// queue is each backend's prefill work ahead of a new request as of a
 	// moment, by backend index: the router's count of the prefill it sent
 	// there overstates it as soon as the backend starts computing, and a
@@ -159,7 +177,18 @@ const (
 	// on 32 servers: 70 % of prompt tokens cached against 80 % with 4).
 	loadSlack      = 4
 	capacityShrink = 0.9
+	// recentFactor is how many times its KV capacity the recent index
+	// remembers of each backend. Measured in the simulator on Mooncake
+	// (docs/routing.md): 2 kept most of what staying on a backend could
+	// gain.
+	recentFactor = 2
+	priorRecent  = 10_000.0 // tokens, half of them cached, until observed
+	recentDecay  = 1 - 1.0/64
 )
+
+// tiers is what the two indexes predicted cached of a request on its
+// backend, in tokens.
+type tiers struct{ sure, maybe int }
 
 // NewKVRoute returns the policy for a fleet of backends (their Index fields
 // number them 0..len-1).
@@ -170,17 +199,21 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 		n = max(n, b.Index+1)
 	}
 	p := &KVRoute{
-		cfg:       cfg,
-		rand:      newRand(cfg.Seed),
-		observed:  make([]float64, n),
-		predicted: make([]float64, n),
-		capacity:  make([]int, n),
-		ratio:     defaultRatio,
-		sessions:  make(map[string]int),
-		queue:     make([]drain, n),
-		epoch:     cfg.Now(),
+		cfg:        cfg,
+		rand:       newRand(cfg.Seed),
+		observed:   make([]float64, n),
+		predicted:  make([]float64, n),
+		capacity:   make([]int, n),
+		ratio:      defaultRatio,
+		sessions:   make(map[string]int),
+		pending:    make(map[*Request]tiers),
+		recentHit:  priorRecent / 2,
+		recentSeen: priorRecent,
+		queue:      make([]drain, n),
+		epoch:      cfg.Now(),
 	}
 	p.index = prefix.New(n, p.blocksFor(cfg.DefaultKVTokens))
+	p.recent = prefix.New(n, recentFactor*p.blocksFor(cfg.DefaultKVTokens))
 	p.pooled = newSpeed()
 	p.holdSum, p.holdWeight = priorHold, 1
 	p.lifeSum, p.lifeN = priorHold, 1
@@ -189,7 +222,7 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 		p.observed[i], p.predicted[i] = priorSlowness, priorSlowness
 	}
 	p.sumSlow = float64(n)
-	p.scratch.New = func() any { return &pickScratch{matched: make([]int, n)} }
+	p.scratch.New = func() any { return &pickScratch{matched: make([]int, n), recent: make([]int, n)} }
 	return p
 }
 
@@ -214,7 +247,9 @@ func (d drain) left(now, most float64) float64 {
 
 // candidate is what Pick works out about one backend before costing it.
 type candidate struct {
-	cached int     // prompt tokens predicted cached there
+	cached int     // prompt tokens expected cached there
+	sure   int     // of which the index holds
+	maybe  int     // prompt tokens recent holds there
 	miss   float64 // prompt tokens to compute there
 	slow   float64 // its TTFTs over the fleet's, relative to the mean
 	queued float64 // seconds of prefill ahead there
@@ -237,6 +272,7 @@ func (p *KVRoute) arrivalRate(now time.Time) float64 {
 type pickScratch struct {
 	hashes  []uint64
 	matched []int
+	recent  []int // blocks matched in recent
 	loads   []fleet.Load
 	cand    []candidate
 }
@@ -255,6 +291,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	defer p.scratch.Put(s)
 	s.hashes = req.prefixHashes(s.hashes[:0], p.cfg.BlockBytes)
 	longest := p.index.Match(s.hashes, s.matched)
+	p.recent.Match(s.hashes, s.recent)
 
 	var total int64
 	s.loads = slices.Grow(s.loads[:0], len(cands))[:len(cands)]
@@ -278,9 +315,12 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	clear(cand)
 	meanSlow := p.sumSlow / float64(len(p.observed))
 	backlog := math.Inf(1)
+	odds := p.recentHit / p.recentSeen
 	for i, b := range cands {
 		c := &cand[i]
-		c.cached = min(promptTokens, int(float64(s.matched[b.Index]*p.cfg.BlockBytes)/ratio))
+		c.sure = min(promptTokens, int(float64(s.matched[b.Index]*p.cfg.BlockBytes)/ratio))
+		c.maybe = max(c.sure, min(promptTokens, int(float64(s.recent[b.Index]*p.cfg.BlockBytes)/ratio)))
+		c.cached = c.sure + int(odds*float64(c.maybe-c.sure))
 		c.slow = p.observed[b.Index] / p.predicted[b.Index] / meanSlow
 		c.miss = float64(promptTokens - c.cached)
 		if loads[i].PrefillTokens > 0 {
@@ -346,13 +386,27 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		best = p.breakTie(cand, cands, best, floor, floorTTFT, session, hasSession, p.placementKey(req, s.hashes))
 	}
 	chosen := cands[best]
-	p.queue[chosen.Index] = drain{work: cand[best].queued + cand[best].own, at: nowS}
+	// The router counts the request's prefill, and the queue model adds it,
+	// as if only the index's part were cached: when recent's part turns out
+	// evicted, the requests routed behind it would otherwise have been told
+	// the backend was seconds less busy than it is (Mooncake's 100k-token
+	// prompts made the p99).
+	cb := &cand[best]
+	work := cb.own
+	if cb.maybe > cb.sure {
+		work = cb.slow * p.pooled.prefill(float64(promptTokens-cb.sure), float64(cb.sure))
+		if len(p.pending) >= maxSessions {
+			clear(p.pending) // outcomes that never came; the odds lose a few samples
+		}
+		p.pending[req] = tiers{sure: cb.sure, maybe: cb.maybe}
+	}
+	p.queue[chosen.Index] = drain{work: cb.queued + work, at: nowS}
 	p.mu.Unlock()
 
 	d := Decision{
 		Backend:       chosen,
 		PromptTokens:  promptTokens,
-		PrefixTokens:  cand[best].cached,
+		PrefixTokens:  cb.sure,
 		OutputTokens:  req.MaxTokens,
 		QueuedTokens:  int(loads[best].PrefillTokens),
 		Decoding:      int(loads[best].Decoding),
@@ -370,6 +424,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		d.Reason = "least-cost"
 	}
 	p.index.Insert(chosen.Index, s.hashes)
+	p.recent.Insert(chosen.Index, s.hashes)
 	if req.SessionKey != "" {
 		p.mu.Lock()
 		if len(p.sessions) >= maxSessions {
@@ -381,20 +436,28 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	return d, nil
 }
 
-// breakTie returns a random candidate among those whose cost is within the
-// tolerance of the best, preferring the session's backend when it is one.
-// The tolerance is relative to the part of the cost that depends on the
-// choice (the best cost above the floor, the cheapest idle backend's), plus
-// the prediction's own error on the request's prefill: a long prompt's
-// prefill seconds are no reason to call a half-second difference in queues a
-// tie, nor is a learned speed's noise a reason to herd onto one backend.
+// breakTie returns, among the candidates whose cost is within the tolerance
+// of the best, the session's backend when it is one, else one of those
+// expected to hold the most of the prompt, at random. The tolerance is
+// relative to the part of the cost that depends on the choice (the best cost
+// above the floor, the cheapest idle backend's), plus the prediction's own
+// error on the request's prefill: a long prompt's prefill seconds are no
+// reason to call a half-second difference in queues a tie, nor is a learned
+// speed's noise a reason to herd onto one backend.
+//
+// Within the tolerance the predictions cannot tell the candidates apart, but
+// the cache can: a random pick among them moved conversations off their
+// prefix whenever every backend waited for KV memory (the waits make the
+// tolerance seconds wide), and each move recomputed the prefix and spent
+// cache on a second copy. An idle fleet, where no candidate holds more than
+// another, still spreads its work at random.
 func (p *KVRoute) breakTie(cand []candidate, cands []*fleet.Backend, best int, floor, floorTTFT float64, session int, hasSession bool, key uint64) int {
 	if key != 0 && !hasSession {
 		return placeByKey(cand, cands, best, key)
 	}
 	c := cand[best].cost
-	limit := c + math.Max(tieFloor, tieTolerance*math.Max(0, c-floor)+speedNoise*floorTTFT)
-	ties := 0
+	limit := c + max(tieFloor, tieTolerance*max(0, c-floor)+speedNoise*floorTTFT)
+	ties, most := 0, -1
 	for i := range cand {
 		if cand[i].cost > limit {
 			continue
@@ -402,12 +465,17 @@ func (p *KVRoute) breakTie(cand []candidate, cands []*fleet.Backend, best int, f
 		if hasSession && cands[i].Index == session {
 			return i
 		}
-		ties++
+		switch {
+		case cand[i].cached > most:
+			ties, most = 1, cand[i].cached
+		case cand[i].cached == most:
+			ties++
+		}
 	}
 	// One draw for the lot: in a large idle fleet most backends tie.
 	k := p.rand.IntN(ties)
 	for i := range cand {
-		if cand[i].cost <= limit {
+		if cand[i].cost <= limit && cand[i].cached == most {
 			if k == 0 {
 				return i
 			}
@@ -479,8 +547,16 @@ func (p *KVRoute) Observe(o Outcome) {
 		// the index it would hold beyond what it held already.
 		p.mu.Lock()
 		held := int(float64(o.Decision.PrefixTokens) * p.ratio / float64(p.cfg.BlockBytes))
+		t, ok := p.pending[o.Request]
+		delete(p.pending, o.Request)
+		maybe := held
+		if ok {
+			maybe = int(float64(t.maybe) * p.ratio / float64(p.cfg.BlockBytes))
+		}
 		p.mu.Unlock()
-		p.index.Forget(b.Index, prefix.Hash(nil, o.Request.Prompt, p.cfg.BlockBytes), held)
+		hashes := o.Request.prefixHashes(nil, p.cfg.BlockBytes)
+		p.index.Forget(b.Index, hashes, held)
+		p.recent.Forget(b.Index, hashes, maybe)
 		return
 	}
 	if o.Status != 200 || o.PromptTokens <= 0 {
@@ -488,6 +564,14 @@ func (p *KVRoute) Observe(o Outcome) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if t, ok := p.pending[o.Request]; ok {
+		delete(p.pending, o.Request)
+		if o.CachedTokens >= 0 {
+			extra := float64(t.maybe - t.sure)
+			p.recentHit = p.recentHit*recentDecay + clamp(float64(o.CachedTokens-t.sure), 0, extra)
+			p.recentSeen = p.recentSeen*recentDecay + extra
+		}
+	}
 	if len(o.Request.Prompt) > 0 {
 		p.ratioBytes = p.ratioBytes*ratioDecay + float64(len(o.Request.Prompt))
 		p.ratioTokens = p.ratioTokens*ratioDecay + float64(o.PromptTokens)
@@ -538,6 +622,9 @@ func (p *KVRoute) Observe(o Outcome) {
 	if c != p.capacity[b.Index] {
 		p.capacity[b.Index] = c
 		p.index.SetCapacity(b.Index, c)
+	}
+	if p.recent.Capacity(b.Index) != recentFactor*full {
+		p.recent.SetCapacity(b.Index, recentFactor*full)
 	}
 }
 

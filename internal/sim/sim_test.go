@@ -215,7 +215,7 @@ func TestCoastingChangesNothing(t *testing.T) {
 			if !reflect.DeepEqual(a.Backends, b.Backends) {
 				t.Errorf("%s, %s: backends differ", cfg.Workload.Name, a.Policy)
 			}
-			if stepsA[i].Steps != stepsB[i].Steps || stepsA[i].Events*3 > stepsB[i].Events {
+			if stepsA[i].Steps != stepsB[i].Steps || stepsA[i].Events*2 > stepsB[i].Events {
 				t.Errorf("%s, %s: %d steps in %d events coasting, %d in %d stepping", cfg.Workload.Name, a.Policy,
 					stepsA[i].Steps, stepsA[i].Events, stepsB[i].Steps, stepsB[i].Events)
 			}
