@@ -20,8 +20,11 @@ type speed struct {
 	xt  [speedDims]float64            // decayed Σ x · ttft
 	fit [speedDims]float64            // θ, in seconds per unit of each feature
 	// rate (tokens/s), attn (tokens²/s), overhead and perDecode (s) are
-	// read off the fit.
+	// read off the fit; perToken and perAttend are 1/rate and 1/attn, for
+	// prefill, which a decision at a thousand backends calls thousands of
+	// times.
 	rate, attn, overhead, perDecode float64
+	perToken, perAttend             float64
 }
 
 // The features, x = (1, m/workUnit, m(c+m/2)/attnUnit, decoding/decodeUnit),
@@ -60,7 +63,7 @@ func speedFeatures(m, c, decoding float64) [speedDims]float64 {
 
 // prefill returns the seconds of computing m tokens after c cached ones.
 func (s *speed) prefill(m, c float64) float64 {
-	return m/s.rate + m*(c+m/2)/s.attn
+	return m*s.perToken + m*(c+m/2)*s.perAttend
 }
 
 // predict returns the TTFT in seconds of m tokens to compute after c cached
@@ -109,6 +112,7 @@ func (s *speed) read() {
 		s.attn = attnUnit / s.fit[2]
 	}
 	s.perDecode = clamp(s.fit[3]/decodeUnit, 0, 1)
+	s.perToken, s.perAttend = 1/s.rate, 1/s.attn
 }
 
 // solve solves a linear system given as an augmented matrix, by Gaussian
