@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/engine"
@@ -71,46 +70,5 @@ func TestConversationStaysOnItsBackend(t *testing.T) {
 	}
 	if len(used) < 2 {
 		t.Errorf("8 conversations all on %v: no spreading at low load", used)
-	}
-}
-
-// A burst of requests sharing one long system prompt spreads over the fleet
-// instead of piling onto the backend that cached it first.
-func TestHotPrefixSpreadsWhenItsBackendSaturates(t *testing.T) {
-	f := startFleet(t, "kvroute", 4, 0.01)
-	rng := rand.New(rand.NewPCG(3, 4))
-	system := workload.Text(rng, 40_000) // about 10k tokens
-	var sessions []workload.Session
-	for i := range 48 {
-		sessions = append(sessions, workload.Session{ID: fmt.Sprintf("s%d", i), System: system,
-			Turns: []workload.Turn{{User: workload.Text(rng, 200), MaxTokens: 50}}})
-	}
-	c := &Client{BaseURL: f.URL, Model: f.Model, TimeScale: 0.01}
-	var mu sync.Mutex
-	per := map[string]int{}
-	results := c.Run(context.Background(), sessions, func(r Result) {
-		mu.Lock()
-		per[r.Backend]++
-		mu.Unlock()
-	})
-	cached := 0
-	for _, r := range results {
-		if r.Err != nil {
-			t.Fatal(r.Err)
-		}
-		cached += r.CachedTokens
-	}
-	if len(per) < 2 {
-		t.Fatalf("48 simultaneous requests with one hot prefix all went to %v", per)
-	}
-	for b, n := range per {
-		if n > 36 {
-			t.Errorf("%s took %d of 48: hot spot (%v)", b, n, per)
-		}
-	}
-	// Spreading must not throw the cache away: the prefix is prefilled on
-	// few backends and reused by most requests.
-	if s := Summarize("", results); s.HitRate < 0.6 {
-		t.Errorf("hit rate %.2f with one shared 10k-token prefix, want > 0.6 (%v)", s.HitRate, per)
 	}
 }

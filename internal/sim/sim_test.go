@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -220,5 +221,45 @@ func TestCoastingChangesNothing(t *testing.T) {
 					stepsA[i].Steps, stepsA[i].Events, stepsB[i].Steps, stepsB[i].Events)
 			}
 		}
+	}
+}
+
+// A burst of requests sharing one long system prompt spreads over the fleet
+// instead of piling onto the backend that cached it first, and still reuses
+// the prefix: it is prefilled on few backends and hit by most requests.
+// (In virtual time: on the wall clock, how far the first backend's queue
+// had drained depended on the machine's load.)
+func TestHotPrefixSpreadsWhenItsBackendSaturates(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	system := workload.Text(rng, 40_000) // about 10k tokens
+	var w workload.Workload
+	for i := range 48 {
+		w.Sessions = append(w.Sessions, workload.Session{ID: fmt.Sprintf("s%d", i), System: system,
+			Turns: []workload.Turn{{User: workload.Text(rng, 200), MaxTokens: 50}}})
+	}
+	w.Name = "hot-prefix"
+	rep, err := Run(context.Background(), Config{Workload: w, Backends: 4, Profile: profile(t), Policies: []string{"kvroute"}, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := rep.Runs[0]
+	per := map[string]int{}
+	for _, r := range run.Requests {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		per[r.Backend]++
+	}
+	t.Logf("per backend %v, hit rate %.2f", per, run.Summary.HitRate)
+	if len(per) < 2 {
+		t.Fatalf("48 simultaneous requests with one hot prefix all went to %v", per)
+	}
+	for b, n := range per {
+		if n > 36 {
+			t.Errorf("%s took %d of 48: hot spot (%v)", b, n, per)
+		}
+	}
+	if run.Summary.HitRate < 0.6 {
+		t.Errorf("hit rate %.2f with one shared 10k-token prefix, want > 0.6 (%v)", run.Summary.HitRate, per)
 	}
 }
