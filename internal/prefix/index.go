@@ -51,12 +51,18 @@ func Hash(dst []uint64, prompt string, blockBytes int) []uint64 {
 // backends remembers millions of blocks and replaces them all the time,
 // and neither a Go map (slow once it has seen many deletions) nor a heap
 // object per block (work for the garbage collector) keeps up.
+//
+// An index may keep several tiers, each its own LRU list per backend with
+// its own capacity, over one table of blocks: a policy that remembers a
+// backend's blocks at two horizons (what it surely holds, and what it held
+// lately) looks each block up once, not once per horizon. The methods
+// without a tier in their name work on tier 0.
 type Index struct {
-	mu       sync.Mutex
-	byHash   hashtab.Table // block hash → index in blocks
-	blocks   []block
-	unused   []int32 // indexes of blocks no backend holds
-	backends []lru
+	mu     sync.Mutex
+	byHash hashtab.Table // block hash → index in blocks
+	blocks []block
+	unused []int32 // indexes of blocks no backend holds
+	tiers  [][]lru // per tier, per backend
 }
 
 // block is one prompt block and the backends holding it.
@@ -67,10 +73,11 @@ type block struct {
 
 type holder struct {
 	backend int32
-	node    int32 // the block's node in that backend's LRU list
+	tier    int32
+	node    int32 // the block's node in that backend's LRU list of the tier
 }
 
-// lru is one backend's blocks, most recently used at the head.
+// lru is one backend's blocks in one tier, most recently used at the head.
 type lru struct {
 	capacity   int
 	nodes      []node
@@ -88,46 +95,63 @@ const nilNode int32 = -1
 
 // New returns an empty index for backends numbered 0..n-1, each holding at
 // most capacity blocks until SetCapacity says otherwise.
-func New(n, capacity int) *Index {
-	ix := &Index{backends: make([]lru, n)}
-	for i := range ix.backends {
-		ix.backends[i] = lru{capacity: max(capacity, 1), head: nilNode, tail: nilNode, free: nilNode}
+func New(n, capacity int) *Index { return NewTiered(n, capacity) }
+
+// NewTiered returns an empty index for backends numbered 0..n-1 with one
+// tier per capacity: each backend holds at most capacities[t] blocks in
+// tier t until SetTierCapacity says otherwise.
+func NewTiered(n int, capacities ...int) *Index {
+	ix := &Index{tiers: make([][]lru, len(capacities))}
+	for t, c := range capacities {
+		ix.tiers[t] = make([]lru, n)
+		for i := range ix.tiers[t] {
+			ix.tiers[t][i] = lru{capacity: max(c, 1), head: nilNode, tail: nilNode, free: nilNode}
+		}
 	}
 	return ix
 }
 
 // SetCapacity bounds backend's blocks, forgetting its least recently used
 // ones beyond the bound.
-func (ix *Index) SetCapacity(backend, capacity int) {
+func (ix *Index) SetCapacity(backend, capacity int) { ix.SetTierCapacity(0, backend, capacity) }
+
+// SetTierCapacity is SetCapacity in tier t.
+func (ix *Index) SetTierCapacity(t, backend, capacity int) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	l := &ix.backends[backend]
+	l := &ix.tiers[t][backend]
 	l.capacity = max(capacity, 1)
 	for l.size > l.capacity {
-		ix.evictTail(backend)
+		ix.evictTail(t, backend)
 	}
 }
 
 // Capacity returns backend's bound in blocks.
-func (ix *Index) Capacity(backend int) int {
+func (ix *Index) Capacity(backend int) int { return ix.TierCapacity(0, backend) }
+
+// TierCapacity returns backend's bound in blocks in tier t.
+func (ix *Index) TierCapacity(t, backend int) int {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	return ix.backends[backend].capacity
+	return ix.tiers[t][backend].capacity
 }
 
 // Len returns how many blocks backend holds in the index.
 func (ix *Index) Len(backend int) int {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	return ix.backends[backend].size
+	return ix.tiers[0][backend].size
 }
 
-// Match sets matched[b] to the number of leading blocks of hashes that
-// backend b holds, for every backend (matched has one entry per backend),
-// and returns the longest match. It stops reading hashes as soon as no
-// backend can match further, so a prompt nobody holds costs one lookup.
-func (ix *Index) Match(hashes []uint64, matched []int) int {
-	clear(matched)
+// Match sets matched[t][b] to the number of leading blocks of hashes that
+// backend b holds in tier t, for every backend (each slice has one entry
+// per backend) and the first len(matched) tiers, and returns the longest
+// match in tier 0. It stops reading hashes as soon as no backend can match
+// further, so a prompt nobody holds costs one lookup.
+func (ix *Index) Match(hashes []uint64, matched ...[]int) int {
+	for _, m := range matched {
+		clear(m)
+	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	longest := 0
@@ -136,24 +160,28 @@ func (ix *Index) Match(hashes []uint64, matched []int) int {
 		if !ok {
 			break
 		}
-		b := &ix.blocks[bi]
 		alive := false
-		for _, hd := range b.holders {
-			if matched[hd.backend] == i {
-				matched[hd.backend] = i + 1
+		for _, hd := range ix.blocks[bi].holders {
+			if int(hd.tier) >= len(matched) {
+				continue
+			}
+			if m := matched[hd.tier]; m[hd.backend] == i {
+				m[hd.backend] = i + 1
 				alive = true
+				if hd.tier == 0 {
+					longest = i + 1
+				}
 			}
 		}
 		if !alive {
 			break
 		}
-		longest = i + 1
 	}
 	return longest
 }
 
 // Insert records that backend now holds every block of hashes (it has just
-// computed or reused them), as its most recently used.
+// computed or reused them), as its most recently used, in every tier.
 func (ix *Index) Insert(backend int, hashes []uint64) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -168,6 +196,11 @@ func (ix *Index) Insert(backend int, hashes []uint64) {
 // Forget removes backend's claim on hashes[from:]: it turned out not to
 // hold them.
 func (ix *Index) Forget(backend int, hashes []uint64, from int) {
+	ix.ForgetTier(0, backend, hashes, from)
+}
+
+// ForgetTier is Forget in tier t.
+func (ix *Index) ForgetTier(t, backend int, hashes []uint64, from int) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	for _, h := range hashes[min(from, len(hashes)):] {
@@ -176,38 +209,49 @@ func (ix *Index) Forget(backend int, hashes []uint64, from int) {
 			continue
 		}
 		for _, hd := range ix.blocks[bi].holders {
-			if int(hd.backend) == backend {
-				ix.remove(backend, hd.node)
+			if int(hd.backend) == backend && int(hd.tier) == t {
+				ix.remove(t, backend, hd.node)
 				break
 			}
 		}
 	}
 }
 
-// touch makes h the most recently used block of backend, adding it if new.
+// touch makes h the most recently used block of backend in every tier,
+// adding it where new.
 func (ix *Index) touch(backend int, h uint64) {
-	l := &ix.backends[backend]
 	bi, ok := ix.byHash.Get(h)
-	if ok {
-		for _, hd := range ix.blocks[bi].holders {
-			if int(hd.backend) == backend {
-				l.unlink(hd.node)
-				l.pushHead(hd.node)
-				return
-			}
+	for t := range ix.tiers {
+		l := &ix.tiers[t][backend]
+		if ok && ix.refresh(l, bi, backend, t) {
+			continue
+		}
+		if l.size >= l.capacity {
+			// Not h's block, if it exists: this backend does not hold it
+			// in this tier.
+			ix.evictTail(t, backend)
+		}
+		if !ok {
+			bi, ok = ix.newBlock(h), true
+		}
+		n := l.alloc(bi)
+		l.pushHead(n)
+		l.size++
+		ix.blocks[bi].holders = append(ix.blocks[bi].holders, holder{backend: int32(backend), tier: int32(t), node: n})
+	}
+}
+
+// refresh moves block bi to the head of l, backend's list in tier t, and
+// reports whether the backend held it there.
+func (ix *Index) refresh(l *lru, bi int32, backend, t int) bool {
+	for _, hd := range ix.blocks[bi].holders {
+		if int(hd.backend) == backend && int(hd.tier) == t {
+			l.unlink(hd.node)
+			l.pushHead(hd.node)
+			return true
 		}
 	}
-	if l.size >= l.capacity {
-		// Not h's block, if it exists: this backend does not hold it.
-		ix.evictTail(backend)
-	}
-	if !ok {
-		bi = ix.newBlock(h)
-	}
-	n := l.alloc(bi)
-	l.pushHead(n)
-	l.size++
-	ix.blocks[bi].holders = append(ix.blocks[bi].holders, holder{backend: int32(backend), node: n})
+	return false
 }
 
 // newBlock returns the index of a block for h that no backend holds,
@@ -226,20 +270,21 @@ func (ix *Index) newBlock(h uint64) int32 {
 	return bi
 }
 
-func (ix *Index) evictTail(backend int) {
-	ix.remove(backend, ix.backends[backend].tail)
+func (ix *Index) evictTail(t, backend int) {
+	ix.remove(t, backend, ix.tiers[t][backend].tail)
 }
 
-// remove drops node n (a block) from backend's list and the block's holders.
-func (ix *Index) remove(backend int, n int32) {
-	l := &ix.backends[backend]
+// remove drops node n (a block) from backend's list in tier t and the
+// block's holders.
+func (ix *Index) remove(t, backend int, n int32) {
+	l := &ix.tiers[t][backend]
 	bi := l.nodes[n].b
 	b := &ix.blocks[bi]
 	l.unlink(n)
 	l.release(n)
 	l.size--
 	for i, hd := range b.holders {
-		if int(hd.backend) == backend {
+		if int(hd.backend) == backend && int(hd.tier) == t {
 			last := len(b.holders) - 1
 			b.holders[i] = b.holders[last]
 			b.holders = b.holders[:last]

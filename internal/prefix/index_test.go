@@ -98,82 +98,96 @@ func BenchmarkHash(b *testing.B) {
 	}
 }
 
-// The index agrees with a plain model of it (per backend, a list of hashes,
-// most recently used first, cut to the capacity) under random insertions,
-// forgetting and capacity changes, while blocks are forgotten and reused.
+// The index agrees with a plain model of it (per tier and backend, a list
+// of hashes, most recently used first, cut to the capacity) under random
+// insertions, forgetting and capacity changes, while blocks are forgotten
+// and reused, with one tier and with two over the same blocks.
 func TestIndexMatchesModel(t *testing.T) {
-	const backends = 4
-	rng := rand.New(rand.NewPCG(8, 9))
-	ix := New(backends, 30)
-	model := make([][]uint64, backends)
-	capacity := []int{30, 30, 30, 30}
-	touch := func(b int, h uint64) {
-		m := model[b]
-		for i, x := range m {
-			if x == h {
-				m = append(m[:i], m[i+1:]...)
-				break
+	for _, caps := range [][]int{{30}, {30, 60}} {
+		const backends = 4
+		rng := rand.New(rand.NewPCG(8, uint64(len(caps))))
+		ix := NewTiered(backends, caps...)
+		tiers := len(caps)
+		model := make([][][]uint64, tiers)
+		capacity := make([][]int, tiers)
+		for k := range tiers {
+			model[k] = make([][]uint64, backends)
+			capacity[k] = make([]int, backends)
+			for b := range backends {
+				capacity[k][b] = caps[k]
 			}
 		}
-		model[b] = append([]uint64{h}, m...)
-		if len(model[b]) > capacity[b] {
-			model[b] = model[b][:capacity[b]]
-		}
-	}
-	prompt := func() []uint64 {
-		hs := make([]uint64, 1+rng.IntN(12))
-		for i := range hs {
-			hs[i] = uint64(rng.IntN(60))*1000 + uint64(i) // a few shared heads
-		}
-		return hs
-	}
-	matched := make([]int, backends)
-	for op := range 20_000 {
-		b := rng.IntN(backends)
-		switch r := rng.IntN(10); {
-		case r < 6:
-			hs := prompt()
-			ix.Insert(b, hs)
-			for i := len(hs) - 1; i >= 0; i-- {
-				touch(b, hs[i])
+		drop := func(k, b int, h uint64) {
+			for i, x := range model[k][b] {
+				if x == h {
+					model[k][b] = append(model[k][b][:i], model[k][b][i+1:]...)
+					return
+				}
 			}
-		case r < 7:
-			hs := prompt()
-			from := rng.IntN(len(hs))
-			ix.Forget(b, hs, from)
-			for _, h := range hs[from:] {
-				for i, x := range model[b] {
-					if x == h {
-						model[b] = append(model[b][:i], model[b][i+1:]...)
-						break
+		}
+		prompt := func() []uint64 {
+			hs := make([]uint64, 1+rng.IntN(12))
+			for i := range hs {
+				hs[i] = uint64(rng.IntN(60))*1000 + uint64(i) // a few shared heads
+			}
+			return hs
+		}
+		matched := make([][]int, tiers)
+		for k := range matched {
+			matched[k] = make([]int, backends)
+		}
+		for op := range 20_000 {
+			b, k := rng.IntN(backends), rng.IntN(tiers)
+			switch r := rng.IntN(10); {
+			case r < 6:
+				hs := prompt()
+				ix.Insert(b, hs)
+				for k := range tiers {
+					for i := len(hs) - 1; i >= 0; i-- {
+						drop(k, b, hs[i])
+						model[k][b] = append([]uint64{hs[i]}, model[k][b]...)
+					}
+					model[k][b] = model[k][b][:min(len(model[k][b]), capacity[k][b])]
+				}
+			case r < 7:
+				hs := prompt()
+				from := rng.IntN(len(hs))
+				ix.ForgetTier(k, b, hs, from)
+				for _, h := range hs[from:] {
+					drop(k, b, h)
+				}
+			case r < 8:
+				capacity[k][b] = 1 + rng.IntN(40)
+				ix.SetTierCapacity(k, b, capacity[k][b])
+				model[k][b] = model[k][b][:min(len(model[k][b]), capacity[k][b])]
+			default:
+				hs := prompt()
+				longest := ix.Match(hs, matched...)
+				want := 0
+				for k := range tiers {
+					for c := range backends {
+						n := 0
+						for n < len(hs) && slices.Contains(model[k][c], hs[n]) {
+							n++
+						}
+						if matched[k][c] != n {
+							t.Fatalf("%d tiers, op %d: tier %d backend %d matched %d blocks, want %d", tiers, op, k, c, matched[k][c], n)
+						}
+						if k == 0 {
+							want = max(want, n)
+						}
 					}
 				}
-			}
-		case r < 8:
-			capacity[b] = 1 + rng.IntN(40)
-			ix.SetCapacity(b, capacity[b])
-			model[b] = model[b][:min(len(model[b]), capacity[b])]
-		default:
-			hs := prompt()
-			longest := ix.Match(hs, matched)
-			want := 0
-			for k := range backends {
-				n := 0
-				for n < len(hs) && slices.Contains(model[k], hs[n]) {
-					n++
+				if longest != want {
+					t.Fatalf("%d tiers, op %d: longest %d, want %d", tiers, op, longest, want)
 				}
-				if matched[k] != n {
-					t.Fatalf("op %d: backend %d matched %d blocks, want %d", op, k, matched[k], n)
+			}
+			for k := range tiers {
+				for c := range backends {
+					if got := ix.tiers[k][c].size; got != len(model[k][c]) {
+						t.Fatalf("%d tiers, op %d: tier %d backend %d holds %d blocks, want %d", tiers, op, k, c, got, len(model[k][c]))
+					}
 				}
-				want = max(want, n)
-			}
-			if longest != want {
-				t.Fatalf("op %d: longest %d, want %d", op, longest, want)
-			}
-		}
-		for k := range backends {
-			if ix.Len(k) != len(model[k]) {
-				t.Fatalf("op %d: backend %d holds %d blocks, want %d", op, k, ix.Len(k), len(model[k]))
 			}
 		}
 	}

@@ -41,18 +41,22 @@ var (
 // so the prefix spreads to as few backends as the load needs. No backend may
 // take more than LoadFactor times the mean in-flight requests (plus four).
 type KVRoute struct {
-	cfg   KVRouteConfig
-	rand  *lockedRand
-	index *prefix.Index
-	// recent remembers recentFactor times as many blocks per backend as
-	// index: what it probably holds and what it held until lately. An
+	cfg  KVRouteConfig
+	rand *lockedRand
+	// index is two tiers over one table of blocks: tier 0 what each
+	// backend holds, as an LRU of the prompts routed there bounded by its
+	// KV capacity; tier 1 (recent) remembers recentFactor times as many
+	// blocks per backend: what it probably holds and what it held until
+	// lately. An
 	// engine's cache is not the index's LRU of routed prompts (it keeps a
 	// request's blocks from when it finishes, keeps what running requests
 	// hold, evicts sooner when requests wait for memory), so a prefix the
 	// index has just forgotten is often still there; and where it is not,
 	// recomputing it there costs no more than anywhere else. Forgetting it
 	// outright moved conversations off the backend that still held them.
-	recent *prefix.Index
+	// One table for both: each block is looked up once per request, which
+	// at a thousand backends is a third of a decision's time.
+	index *prefix.Index
 
 	mu     sync.Mutex
 	pooled speed // learned from every backend
@@ -177,10 +181,12 @@ const (
 	// on 32 servers: 70 % of prompt tokens cached against 80 % with 4).
 	loadSlack      = 4
 	capacityShrink = 0.9
-	// recentFactor is how many times its KV capacity the recent index
-	// remembers of each backend. Measured in the simulator on Mooncake
+	// recentTier is the index's tier of what backends held lately, and
+	// recentFactor how many times its KV capacity that tier remembers of
+	// each backend. Measured in the simulator on Mooncake
 	// (docs/routing.md): 2 kept most of what staying on a backend could
 	// gain.
+	recentTier   = 1
 	recentFactor = 2
 	priorRecent  = 10_000.0 // tokens, half of them cached, until observed
 	recentDecay  = 1 - 1.0/64
@@ -212,8 +218,7 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 		queue:      make([]drain, n),
 		epoch:      cfg.Now(),
 	}
-	p.index = prefix.New(n, p.blocksFor(cfg.DefaultKVTokens))
-	p.recent = prefix.New(n, recentFactor*p.blocksFor(cfg.DefaultKVTokens))
+	p.index = prefix.NewTiered(n, p.blocksFor(cfg.DefaultKVTokens), recentFactor*p.blocksFor(cfg.DefaultKVTokens))
 	p.pooled = newSpeed()
 	p.holdSum, p.holdWeight = priorHold, 1
 	p.lifeSum, p.lifeN = priorHold, 1
@@ -290,8 +295,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	s := p.scratch.Get().(*pickScratch)
 	defer p.scratch.Put(s)
 	s.hashes = req.prefixHashes(s.hashes[:0], p.cfg.BlockBytes)
-	longest := p.index.Match(s.hashes, s.matched)
-	p.recent.Match(s.hashes, s.recent)
+	longest := p.index.Match(s.hashes, s.matched, s.recent)
 
 	var total int64
 	s.loads = slices.Grow(s.loads[:0], len(cands))[:len(cands)]
@@ -424,7 +428,6 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		d.Reason = "least-cost"
 	}
 	p.index.Insert(chosen.Index, s.hashes)
-	p.recent.Insert(chosen.Index, s.hashes)
 	if req.SessionKey != "" {
 		p.mu.Lock()
 		if len(p.sessions) >= maxSessions {
@@ -556,7 +559,7 @@ func (p *KVRoute) Observe(o Outcome) {
 		p.mu.Unlock()
 		hashes := o.Request.prefixHashes(nil, p.cfg.BlockBytes)
 		p.index.Forget(b.Index, hashes, held)
-		p.recent.Forget(b.Index, hashes, maybe)
+		p.index.ForgetTier(recentTier, b.Index, hashes, maybe)
 		return
 	}
 	if o.Status != 200 || o.PromptTokens <= 0 {
@@ -623,8 +626,8 @@ func (p *KVRoute) Observe(o Outcome) {
 		p.capacity[b.Index] = c
 		p.index.SetCapacity(b.Index, c)
 	}
-	if p.recent.Capacity(b.Index) != recentFactor*full {
-		p.recent.SetCapacity(b.Index, recentFactor*full)
+	if p.index.TierCapacity(recentTier, b.Index) != recentFactor*full {
+		p.index.SetTierCapacity(recentTier, b.Index, recentFactor*full)
 	}
 }
 
