@@ -88,6 +88,7 @@ type lru struct {
 
 type node struct {
 	b          int32 // index in Index.blocks
+	slot       int32 // its holder's index in the block's holders
 	prev, next int32
 }
 
@@ -237,7 +238,9 @@ func (ix *Index) touch(backend int, h uint64) {
 		n := l.alloc(bi)
 		l.pushHead(n)
 		l.size++
-		ix.blocks[bi].holders = append(ix.blocks[bi].holders, holder{backend: int32(backend), tier: int32(t), node: n})
+		b := &ix.blocks[bi]
+		l.nodes[n].slot = int32(len(b.holders))
+		b.holders = append(b.holders, holder{backend: int32(backend), tier: int32(t), node: n})
 	}
 }
 
@@ -278,19 +281,20 @@ func (ix *Index) evictTail(t, backend int) {
 // block's holders.
 func (ix *Index) remove(t, backend int, n int32) {
 	l := &ix.tiers[t][backend]
-	bi := l.nodes[n].b
+	bi, i := l.nodes[n].b, l.nodes[n].slot
 	b := &ix.blocks[bi]
 	l.unlink(n)
 	l.release(n)
 	l.size--
-	for i, hd := range b.holders {
-		if int(hd.backend) == backend && int(hd.tier) == t {
-			last := len(b.holders) - 1
-			b.holders[i] = b.holders[last]
-			b.holders = b.holders[:last]
-			break
-		}
+	// The last holder takes the removed one's slot (a shared prefix's
+	// block has a holder per backend and tier: no scan for it).
+	last := int32(len(b.holders) - 1)
+	if i != last {
+		moved := b.holders[last]
+		b.holders[i] = moved
+		ix.tiers[moved.tier][moved.backend].nodes[moved.node].slot = i
 	}
+	b.holders = b.holders[:last]
 	if len(b.holders) == 0 {
 		ix.byHash.Delete(b.hash)
 		ix.unused = append(ix.unused, bi)
