@@ -25,16 +25,16 @@ type coast struct {
 	end    time.Duration // end of the run
 }
 
-// Coast starts at now a run of at most max silent decode steps (see coast)
+// Coast starts at now a run of at most limit silent decode steps (see coast)
 // and returns its end, or now when the next step cannot be silent (then
 // call Step). Until the run ends, call Settle before reading the engine's
 // state and Cut before adding or aborting a request; Step and Coast may be
 // called again only at the run's end, after Settle.
-func (e *Engine) Coast(now time.Duration, max int) time.Duration {
-	if e.co.active || max < 1 || e.waiting.len() > 0 || len(e.running) == 0 || len(e.running) > e.p.MaxNumBatchedTokens {
+func (e *Engine) Coast(now time.Duration, limit int) time.Duration {
+	if e.co.active || limit < 1 || e.waiting.len() > 0 || len(e.running) == 0 || len(e.running) > e.p.MaxNumBatchedTokens {
 		return now
 	}
-	steps := max
+	steps := limit
 	var attended int64
 	for _, r := range e.running {
 		if r.Output == 0 || r.numTokens()-r.computed != 1 || r.scheduled != 0 {
@@ -61,10 +61,10 @@ func (e *Engine) Coast(now time.Duration, max int) time.Duration {
 	return end
 }
 
-// stepsWithBlocks returns how many of the next steps (at most max) allocate
+// stepsWithBlocks returns how many of the next steps (at most limit) allocate
 // no more than free blocks in all: a decoding request takes a new block at
 // the start of every step that begins with its blocks full.
-func (e *Engine) stepsWithBlocks(max, free int) int {
+func (e *Engine) stepsWithBlocks(limit, free int) int {
 	bs := e.p.BlockSize
 	// The allocations in the first n steps, for every request: those at
 	// step offsets (bs - computed%bs)%bs, then every bs steps.
@@ -78,10 +78,10 @@ func (e *Engine) stepsWithBlocks(max, free int) int {
 		}
 		return total
 	}
-	if allocs(max) <= free {
-		return max
+	if allocs(limit) <= free {
+		return limit
 	}
-	lo, hi := 0, max // allocs(lo) <= free < allocs(hi)
+	lo, hi := 0, limit // allocs(lo) <= free < allocs(hi)
 	for hi-lo > 1 {
 		mid := (lo + hi) / 2
 		if allocs(mid) <= free {
