@@ -28,6 +28,7 @@ func TestRun(t *testing.T) {
 		{"emulate help", []string{"emulate", "-h"}, 0, "", "--time-scale"},
 		{"emulate bad flag", []string{"emulate", "--nope"}, 2, "", "flag provided but not defined"},
 		{"emulate bad profile", []string{"emulate", "--profile", "tpu"}, 2, "", `unknown profile "tpu"`},
+		{"sim block size not a power of two", []string{"sim", "--block-size", "100"}, 2, "", "--block-size must be a power of two"},
 		{"bench real servers with emulator flags", []string{"bench", "--backend-url", "http://127.0.0.1:1", "--backends", "3"}, 2, "",
 			"--backends describes emulated backends"},
 		{"bench real servers that are down", []string{"bench", "--backend-url", "http://127.0.0.1:1", "--workload", "small-chat",

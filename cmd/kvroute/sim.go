@@ -91,8 +91,10 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 		return sf, errors.New("--slo-ttft-p99 is the objective of --find-backends: give both")
 	case sf.find.Max < 1:
 		return sf, fmt.Errorf("--max-backends must be at least 1, got %d", sf.find.Max)
-	case blockSize < 0:
-		return sf, fmt.Errorf("--block-size must be positive, got %d", blockSize)
+	case blockSize < 0 || blockSize&(blockSize-1) != 0:
+		// The policies' prefix indexes read the engine's block hashes in
+		// blocks of 16 or 64 tokens: one block size must divide the other.
+		return sf, fmt.Errorf("--block-size must be a power of two, got %d", blockSize)
 	}
 	p, err := lookupProfile(profileName, kvBlocks)
 	if err != nil {
