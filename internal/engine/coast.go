@@ -101,9 +101,6 @@ func (e *Engine) decodeTime(b, attended int64) time.Duration {
 	return e.rf.stepTime(Work{Tokens: int(b), AttendedPositions: float64(attended), ContextTokens: int(attended + b)})
 }
 
-// Coasting reports whether a coast is in flight, and its end.
-func (e *Engine) Coasting() (bool, time.Duration) { return e.co.active, e.co.end }
-
 // Settle applies the steps of the coast in flight that have begun by now,
 // as Step applies a step's effects at its start, and returns the run's end.
 // When now is the run's end, it applies the whole run and ends it. Without a

@@ -61,6 +61,11 @@ type Request struct {
 	TokenBlockSize int
 }
 
+// TokenBytes is the bytes of prompt text a token stands for in the prefix
+// indexes' block sizes when a request is given by token blocks: a caller
+// that wants an index block of n tokens sets n × TokenBytes bytes.
+const TokenBytes = int(defaultRatio)
+
 // prefixHashes appends to dst the hashes a prefix index with blocks of
 // blockBytes bytes of prompt text uses for req: from TokenBlocks when the
 // caller gave them, else hashed from Prompt. With TokenBlocks, an index

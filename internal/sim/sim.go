@@ -310,7 +310,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		}
 		// kvroute's prefix index need not be finer than the servers'
 		// blocks: a finer one only spends more work to say the same.
-		if b := cfg.Profile.BlockSize * bytesPerToken; b > prefix.DefaultBlockBytes {
+		if b := cfg.Profile.BlockSize * router.TokenBytes; b > prefix.DefaultBlockBytes {
 			opts.KVRoute.BlockBytes = b
 		}
 		p, err := router.New(policy, rep.backends, opts)
@@ -327,10 +327,6 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 	s.results = make([]bench.Result, 0, cfg.Tile*cfg.Workload.Requests())
 	return s, nil
 }
-
-// bytesPerToken is the text a token stands for in the router's prefix
-// indexes when a request is given by token blocks.
-const bytesPerToken = 4
 
 // clock is the policies' clock: virtual time, as a time.Time.
 func (s *simulation) clock() time.Time { return s.origin.Add(s.now) }

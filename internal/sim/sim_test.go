@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -193,11 +194,25 @@ func TestFindBackends(t *testing.T) {
 // no result: every request's timings, backend and cached tokens, and every
 // load sample, are those of stepping through every step.
 func TestCoastingChangesNothing(t *testing.T) {
-	for _, cfg := range []Config{
-		{Workload: chatWorkload(t, 40), Backends: 3, Routers: 2, Policies: []string{"kvroute", "least-request"}},
-		{Workload: traceWorkload(300, 50*time.Millisecond), Backends: 4, Policies: []string{"kvroute", "round-robin"}},
-	} {
-		cfg.Profile, cfg.Seed, cfg.Sample = profile(t), 3, 100*time.Millisecond
+	configs := []Config{
+		{Workload: chatWorkload(t, 40), Backends: 3, Routers: 2, Policies: []string{"kvroute", "least-request"}, Profile: profile(t)},
+		{Workload: traceWorkload(300, 50*time.Millisecond), Backends: 4, Policies: []string{"kvroute", "round-robin"}, Profile: profile(t)},
+	}
+	if !raceEnabled {
+		// The real trace on 64 servers (7,344 requests), with 16- and
+		// 512-token blocks: long decodes, evictions, many servers.
+		w, err := workload.Load("mooncake:"+shareddata.Require(t, "mooncake/conversation_trace.jsonl"),
+			workload.Options{Duration: 5 * time.Minute, Compress: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bs := range []int{16, 512} {
+			configs = append(configs, Config{Workload: w, Backends: 64, Tile: 8, Policies: []string{"kvroute"},
+				Profile: profile(t).WithBlockSize(bs), BoundsLimit: -1})
+		}
+	}
+	for _, cfg := range configs {
+		cfg.Seed, cfg.Sample = 3, 100*time.Millisecond
 		coasting, stepsA, err := RunStats(context.Background(), cfg)
 		if err != nil {
 			t.Fatal(err)
