@@ -1,0 +1,86 @@
+package sim
+
+import (
+	"context"
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/shareddata"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// runDigest simulates cfg and returns, per policy, a digest of every
+// request's decision (backend, route) and outcome (status, timings, usage)
+// in the order they ended.
+func runDigest(t *testing.T, cfg Config) map[string]uint64 {
+	t.Helper()
+	cfg.KeepRequests = -1
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, run := range rep.Runs {
+		var d xxhash.Digest
+		var buf [8]byte
+		put := func(vs ...int64) {
+			for _, v := range vs {
+				binary.LittleEndian.PutUint64(buf[:], uint64(v))
+				d.Write(buf[:])
+			}
+		}
+		for _, r := range run.Requests {
+			d.WriteString(r.Backend)
+			d.WriteString(r.Route)
+			d.WriteString(r.Error)
+			put(int64(r.Session), int64(r.Turn), int64(r.Status), int64(r.Sent), int64(r.TTFT), int64(r.E2E),
+				int64(r.PromptTokens), int64(r.CachedTokens), int64(r.CompletionTokens))
+		}
+		out[run.Policy] = d.Sum64()
+	}
+	return out
+}
+
+// Reshaping how a request is driven (the ticket, the cost terms, the
+// learner's snapshot) must not change what any policy decides or what
+// follows: with a fixed seed, every policy's decisions and outcomes on a
+// chat workload (two router replicas) and on the Mooncake excerpt are
+// those recorded here. A change that means to alter a policy updates its
+// line and says why in its commit.
+func TestDecisionsUnchanged(t *testing.T) {
+	policies := router.Names()
+	chat := Config{Workload: chatWorkload(t, 60), Backends: 4, Routers: 2, Profile: profile(t),
+		Policies: policies, Seed: 5}
+	check(t, "chat", runDigest(t, chat), map[string]uint64{
+		"dynamo-kv": 0xb4b69db51939d0d2, "kvroute": 0xf49644adf49e6190, "least-request": 0x45da9dda68fc747b,
+		"llmd-default": 0x502c9237514f92d, "p2c": 0x7ae85ccd31ee4a91, "preble-e2": 0x130ca9072bcd8671,
+		"random": 0x172767a325ad8df0, "round-robin": 0x57ff69c810894231, "session-bounded": 0x98181a867e1dac0d,
+		"session-hash": 0xe35a22d9d7be21ed, "sglang-cache-aware": 0xc029dc1a5249b18d,
+	})
+
+	w, err := workload.Load("mooncake:"+shareddata.Require(t, "mooncake/conversation_trace.jsonl"),
+		workload.Options{Duration: 90 * time.Second, Compress: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mooncake := Config{Workload: w, Backends: 8, Profile: profile(t).WithBlockSize(512), Policies: policies, Seed: 9}
+	check(t, "mooncake", runDigest(t, mooncake), map[string]uint64{
+		"dynamo-kv": 0x361be83e82667e72, "kvroute": 0x926f9162983e960b, "least-request": 0x718d28576665ba37,
+		"llmd-default": 0x50384c61a3a70bbc, "p2c": 0x613ee462bf434ce6, "preble-e2": 0x84e84ab190bd5f17,
+		"random": 0x825f19c75ab95973, "round-robin": 0x40d02807d4c85b42, "session-bounded": 0xd0a6d8de9c6db4fc,
+		"session-hash": 0xeed6a502060cdbb1, "sglang-cache-aware": 0x9f63924fed3c278c,
+	})
+}
+
+func check(t *testing.T, name string, got, want map[string]uint64) {
+	t.Helper()
+	for p, g := range got {
+		if w, ok := want[p]; !ok || w != g {
+			t.Errorf("%s, %s: digest %#x, want %#x", name, p, g, w)
+		}
+	}
+}
