@@ -1,3 +1,8 @@
+// Package engine models one inference server (vLLM's V1 engine by default):
+// continuous batching, chunked prefill, a paged KV cache with prefix caching
+// and LRU eviction, and a roofline step time. It keeps no clock of its own:
+// the emulator drives it in real time, the simulator in virtual time, so
+// both serve the same model (docs/engine-model.md).
 package engine
 
 import (
