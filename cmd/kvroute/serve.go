@@ -139,7 +139,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	if err != nil {
 		return err
 	}
-	px, err := proxy.New(proxy.Config{Fleet: fl, Policy: policy, SessionHeader: cfg.sessionHeader, Logger: log})
+	px, err := proxy.New(proxy.Config{Fleet: fl, Router: policy, SessionHeader: cfg.sessionHeader, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -111,7 +111,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	if err != nil {
 		return fail(err)
 	}
-	px, err := proxy.New(proxy.Config{Fleet: fl, Policy: policy, Logger: logger})
+	px, err := proxy.New(proxy.Config{Fleet: fl, Router: policy, Logger: logger})
 	if err != nil {
 		return fail(err)
 	}

@@ -96,7 +96,7 @@ func BenchmarkStream(b *testing.B) {
 func newBenchProxy(b *testing.B, backend string) (*Proxy, *httptest.Server) {
 	p, err := New(Config{
 		Fleet:  newFakeFleet(testBackend(b, 0, "b0", backend, "m")),
-		Policy: firstOnly{},
+		Router: routerOf(firstOnly{}),
 		Logger: discard,
 	})
 	if err != nil {

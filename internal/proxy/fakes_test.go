@@ -105,25 +105,32 @@ func testBackend(t testing.TB, index int, name, rawURL string, models ...string)
 	return b
 }
 
-// firstPolicy picks the first candidate, estimates tokens crudely from the
-// prompt, and records every request and outcome.
+// firstPolicy picks the first candidate, claims a fixed cached prefix, and
+// records every request and outcome.
 type firstPolicy struct {
-	// prefix is the PrefixTokens it claims for every request.
+	// prefix is the cached tokens it claims for every request.
 	prefix int
 	// err, if set, is returned by Pick.
 	err error
 
 	mu       sync.Mutex
 	requests []router.Request
-	outcomes chan router.Outcome
+	outcomes chan observed
 }
 
-var (
-	_ router.Policy  = (*firstPolicy)(nil)
-	_ router.Learner = (*firstPolicy)(nil)
-)
+// observed is an outcome with the request and decision it ended.
+type observed struct {
+	router.Outcome
+	Request  *router.Request
+	Decision router.Decision
+}
 
-func newFirstPolicy() *firstPolicy { return &firstPolicy{outcomes: make(chan router.Outcome, 100)} }
+var _ router.Policy = (*firstPolicy)(nil)
+
+func newFirstPolicy() *firstPolicy { return &firstPolicy{outcomes: make(chan observed, 100)} }
+
+// routerOf returns a Router driving pol.
+func routerOf(pol router.Policy) *router.Router { return router.NewRouter(pol, nil) }
 
 func (*firstPolicy) Name() string { return "first" }
 
@@ -134,33 +141,31 @@ func (p *firstPolicy) Pick(req *router.Request, cands []*fleet.Backend) (router.
 	if p.err != nil {
 		return router.Decision{}, p.err
 	}
-	prompt := len(req.Prompt)/4 + 1
-	return router.Decision{
-		Backend:      cands[0],
-		Reason:       "first",
-		PromptTokens: prompt,
-		PrefixTokens: min(p.prefix, prompt),
-		OutputTokens: req.MaxTokens,
-		Scores:       []router.Score{{Backend: cands[0].Name, Cost: 1, Cached: p.prefix}},
-	}, nil
-}
-
-func (p *firstPolicy) Observe(o router.Outcome) {
-	select {
-	case p.outcomes <- o:
-	default: // never block the proxy; tests read what they need
+	d := router.Decision{
+		Backend: cands[0],
+		Reason:  "first",
+		Cached:  min(p.prefix, req.PromptTokens),
+		Scores:  []router.Score{{Backend: cands[0].Name, Cost: 1, Cached: p.prefix}},
 	}
+	seen := d
+	d.Done = func(o router.Outcome) {
+		select {
+		case p.outcomes <- observed{Outcome: o, Request: req, Decision: seen}:
+		default: // never block the proxy; tests read what they need
+		}
+	}
+	return d, nil
 }
 
 // outcome waits for the next outcome the proxy reports.
-func (p *firstPolicy) outcome(t testing.TB) router.Outcome {
+func (p *firstPolicy) outcome(t testing.TB) observed {
 	t.Helper()
 	select {
 	case o := <-p.outcomes:
 		return o
 	case <-time.After(10 * time.Second):
 		t.Fatal("no outcome reported")
-		return router.Outcome{}
+		return observed{}
 	}
 }
 
@@ -215,7 +220,7 @@ func (s *server) await(t testing.TB) {
 // config.
 func newTestProxy(t testing.TB, f Fleet, pol router.Policy, mod func(*Config)) (*Proxy, *server) {
 	t.Helper()
-	cfg := Config{Fleet: f, Policy: pol, Logger: discard}
+	cfg := Config{Fleet: f, Router: routerOf(pol), Logger: discard}
 	if mod != nil {
 		mod(&cfg)
 	}

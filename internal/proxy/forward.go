@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,12 +47,12 @@ type call struct {
 // request goes to another candidate, once.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands []*fleet.Backend) {
 	for n := 1; ; n++ {
-		d, e := p.pick(c, cands)
+		t, e := p.route(c, cands)
 		if e != nil {
 			p.reject(w, e)
 			return
 		}
-		dialErr, abort := p.attempt(w, r, c, d)
+		dialErr, abort := p.attempt(w, r, c, t)
 		if abort {
 			// Headers are sent, the body is cut short: all that is left is to
 			// break the client's connection so it cannot take the truncated
@@ -63,13 +62,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 		if dialErr == nil {
 			return
 		}
-		b := d.Backend
+		b := t.Backend
 		p.fleet.MarkFailed(b, dialErr)
-		cands = slices.DeleteFunc(cands, func(x *fleet.Backend) bool { return x == b })
+		cands = router.Without(cands, b)
 		if n == maxAttempts || len(cands) == 0 {
 			p.log.Warn("backend unreachable, giving up", "backend", b.Name, "attempts", n, "err", dialErr)
-			p.metrics.requests.WithLabelValues(b.Name, statusLabel(http.StatusBadGateway), d.Reason).Inc()
-			setRouteHeaders(w, d)
+			p.metrics.requests.WithLabelValues(b.Name, statusLabel(http.StatusBadGateway), t.Reason).Inc()
+			setRouteHeaders(w, &t.Decision)
 			writeError(w, unreachable(b.Name, dialErr))
 			return
 		}
@@ -77,43 +76,53 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 	}
 }
 
-// pick asks the policy for a backend for a chat or completion request, and
-// picks the least loaded one for other requests.
-func (p *Proxy) pick(c *call, cands []*fleet.Backend) (router.Decision, *apiError) {
+// route asks the policy for a backend for a chat or completion request, and
+// picks the least loaded one for other requests; either way the request is
+// counted there until its ticket is finished.
+func (p *Proxy) route(c *call, cands []*fleet.Backend) (*router.Ticket, *apiError) {
 	if c.req == nil {
-		return p.leastRequest(cands), nil
+		t, err := p.byLoad.Route(&router.Request{Endpoint: c.ep}, cands)
+		if err != nil {
+			return nil, unavailable("no backend can take the request: %v", err)
+		}
+		return t, nil
 	}
 	t0 := p.now()
-	d, err := p.policy.Pick(c.req, cands)
+	t, err := p.router.Route(c.req, cands)
 	p.metrics.decision.Observe(p.now().Sub(t0).Seconds())
 	switch {
 	case errors.Is(err, router.ErrNoBackend):
-		return d, unavailable("no backend can take the request: %v", err)
+		return nil, unavailable("no backend can take the request: %v", err)
 	case err != nil:
-		return d, internal("routing policy %s failed: %v", p.policy.Name(), err)
-	case d.Backend == nil:
-		return d, internal("routing policy %s chose no backend", p.policy.Name())
+		return nil, internal("routing policy %s failed: %v", p.router.Name(), err)
 	}
-	return d, nil
+	return t, nil
 }
 
-// leastRequest picks the candidate with the fewest requests in flight,
-// uniformly at random among ties so that an idle fleet spreads its load.
-// cands is not empty.
-func (p *Proxy) leastRequest(cands []*fleet.Backend) router.Decision {
-	return router.Decision{Backend: router.LeastLoaded(cands, p.rand), Reason: reasonLeastRequest}
+// byLoad is the policy of the requests the proxy routes by load alone: the
+// candidate with the fewest requests in flight, uniformly at random among
+// ties so that an idle fleet spreads its load.
+type byLoad struct{ rand func(int) int }
+
+func (byLoad) Name() string { return reasonLeastRequest }
+
+func (l byLoad) Pick(_ *router.Request, cands []*fleet.Backend) (router.Decision, error) {
+	b := router.LeastLoaded(cands, l.rand)
+	if b == nil {
+		return router.Decision{}, router.ErrNoBackend
+	}
+	return router.Decision{Backend: b, Reason: reasonLeastRequest}, nil
 }
 
-// attempt is one try of a call at one backend: its share of the backend's
-// load, its timing and its outcome. The load is counted when the attempt
-// starts and released in finish, which also records everything else; the
-// prefill part is released at the first token.
+// attempt is one try of a call at one backend: its ticket (its share of the
+// backend's load, counted when it was routed), its timing and its outcome.
+// finish records everything and finishes the ticket; the prefill part of
+// the load is released at the first token.
 type attempt struct {
-	p      *Proxy
-	c      *call
-	d      router.Decision
-	flight *fleet.Flight
-	start  time.Time
+	p     *Proxy
+	c     *call
+	t     *router.Ticket
+	start time.Time
 	// first is set at the first token; complete when the response was
 	// copied to its end.
 	first, complete bool
@@ -123,23 +132,15 @@ type attempt struct {
 	out    router.Outcome
 }
 
-// attempt forwards c to d.Backend and copies the response to w. It returns
-// the dial error if the backend could not be reached (nothing was written to
-// w, the caller may retry), and abort if the backend failed after the
-// response headers were sent.
-func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, d router.Decision) (dialErr error, abort bool) {
-	b := d.Backend
-	a := &attempt{
-		p:      p,
-		c:      c,
-		d:      d,
-		start:  p.now(),
-		flight: b.Start(d.PromptTokens-d.PrefixTokens, d.PromptTokens+d.OutputTokens),
-		out: router.Outcome{Request: c.req, Decision: d,
-			PromptTokens: -1, CachedTokens: -1, CompletionTokens: -1},
-	}
+// attempt forwards c to t's backend and copies the response to w. It
+// returns the dial error if the backend could not be reached (nothing was
+// written to w, the caller may retry), and abort if the backend failed after
+// the response headers were sent.
+func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *router.Ticket) (dialErr error, abort bool) {
+	b := t.Backend
+	d := &t.Decision
+	a := &attempt{p: p, c: c, t: t, start: p.now(), out: router.Failed(0)}
 	defer a.finish(r.Context())
-
 	// The upstream request ends with the client's: when the client goes
 	// away its context is cancelled, the transport closes the backend
 	// connection and the copy loop's read fails at once.
@@ -240,7 +241,7 @@ func (a *attempt) firstToken() {
 	}
 	a.first = true
 	a.out.TTFT = a.p.now().Sub(a.start)
-	a.flight.FirstToken()
+	a.t.FirstToken()
 }
 
 func (a *attempt) setUsage(u usage) {
@@ -250,8 +251,7 @@ func (a *attempt) setUsage(u usage) {
 // finish releases the attempt's load and records its outcome: metrics, the
 // policy's feedback, the debug log line.
 func (a *attempt) finish(ctx context.Context) {
-	a.flight.Done()
-	p, d, o := a.p, &a.d, &a.out
+	p, d, o := a.p, &a.t.Decision, &a.out
 	o.Latency = p.now().Sub(a.start)
 	name := d.Backend.Name
 	m := p.metrics
@@ -266,23 +266,21 @@ func (a *attempt) finish(ctx context.Context) {
 			m.e2e.WithLabelValues(name).Observe(o.Latency.Seconds())
 		}
 		if o.CachedTokens >= 0 {
-			m.predicted.WithLabelValues(name).Add(float64(d.PrefixTokens))
+			m.predicted.WithLabelValues(name).Add(float64(d.Cached))
 			m.reported.WithLabelValues(name).Add(float64(o.CachedTokens))
 		}
 		if o.PromptTokens >= 0 {
 			m.prompt.WithLabelValues(name).Add(float64(o.PromptTokens))
 		}
-		if p.learner != nil {
-			p.learner.Observe(*o)
-		}
 	}
+	a.t.Finish(*o)
 	if p.log.Enabled(ctx, slog.LevelDebug) {
 		p.log.LogAttrs(ctx, slog.LevelDebug, "request",
 			slog.String("backend", name),
 			slog.String("reason", d.Reason),
 			slog.String("status", a.status),
-			slog.Int("predicted_prompt_tokens", d.PromptTokens),
-			slog.Int("predicted_cached_tokens", d.PrefixTokens),
+			slog.Int("predicted_prompt_tokens", a.t.Request().PromptTokens),
+			slog.Int("predicted_cached_tokens", d.Cached),
 			slog.Int("prompt_tokens", o.PromptTokens),
 			slog.Int("cached_tokens", o.CachedTokens),
 			slog.Int("completion_tokens", o.CompletionTokens),
@@ -445,7 +443,7 @@ func wantsTrailers(h http.Header) bool {
 	return false
 }
 
-func setRouteHeaders(w http.ResponseWriter, d router.Decision) {
+func setRouteHeaders(w http.ResponseWriter, d *router.Decision) {
 	h := w.Header()
 	h.Set(HeaderBackend, d.Backend.Name)
 	h.Set(HeaderRoute, d.Reason)

@@ -17,6 +17,7 @@ package proxy
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"io"
@@ -75,13 +76,13 @@ type Fleet interface {
 	Backends() []*fleet.Backend
 }
 
-// Config configures a Proxy. Fleet and Policy are required.
+// Config configures a Proxy. Fleet and Router are required.
 type Config struct {
 	// Fleet is the set of backends.
 	Fleet Fleet
-	// Policy picks the backend of each chat and completion request. If it
-	// implements router.Learner it is told every such request's outcome.
-	Policy router.Policy
+	// Router routes each chat and completion request with its policy, and
+	// is told every such request's outcome through its ticket.
+	Router *router.Router
 	// SessionHeader is the request header that carries a session key; it
 	// takes precedence over the body's prompt_cache_key and user. Empty
 	// means DefaultSessionHeader.
@@ -113,8 +114,8 @@ type Config struct {
 // safe for concurrent use.
 type Proxy struct {
 	fleet         Fleet
-	policy        router.Policy
-	learner       router.Learner // nil if the policy does not learn
+	router        *router.Router
+	byLoad        *router.Router // embeddings and other endpoints
 	sessionHeader string
 	transport     http.RoundTripper
 	log           *slog.Logger
@@ -133,23 +134,22 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Fleet == nil {
 		return nil, errors.New("proxy: Config.Fleet is required")
 	}
-	if cfg.Policy == nil {
-		return nil, errors.New("proxy: Config.Policy is required")
+	if cfg.Router == nil {
+		return nil, errors.New("proxy: Config.Router is required")
 	}
 	if cfg.MaxBodyBytes < 0 {
 		return nil, errors.New("proxy: Config.MaxBodyBytes must not be negative")
 	}
 	p := &Proxy{
 		fleet:         cfg.Fleet,
-		policy:        cfg.Policy,
-		sessionHeader: cmp(cfg.SessionHeader, DefaultSessionHeader),
+		router:        cfg.Router,
+		sessionHeader: cmp.Or(cfg.SessionHeader, DefaultSessionHeader),
 		transport:     cfg.Transport,
 		log:           cfg.Logger,
 		now:           cfg.Now,
 		rand:          cfg.Rand,
 		maxBody:       cfg.MaxBodyBytes,
 	}
-	p.learner, _ = cfg.Policy.(router.Learner)
 	if p.transport == nil {
 		p.transport = NewTransport()
 	}
@@ -165,6 +165,7 @@ func New(cfg Config) (*Proxy, error) {
 	if p.maxBody == 0 {
 		p.maxBody = DefaultMaxBodyBytes
 	}
+	p.byLoad = router.NewRouter(byLoad{rand: p.rand}, nil)
 	reg := cfg.Registerer
 	if reg == nil {
 		own := prometheus.NewRegistry()
@@ -178,13 +179,6 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.created = p.now().Unix()
 	return p, nil
-}
-
-func cmp(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // NewTransport returns the default transport to the backends: idle

@@ -180,7 +180,7 @@ func TestStreamingEventByEvent(t *testing.T) {
 	if up != body {
 		t.Errorf("backend got %s, want the body unchanged (the client asked for usage)", up)
 	}
-	prompt := len(pol.lastRequest(t).Prompt)/4 + 1
+	prompt := pol.lastRequest(t).PromptTokens
 	if l := b0.Load(); l.Requests != 1 || l.PrefillTokens != int64(prompt-2) || l.DecodeTokens != int64(prompt+10) || l.Decoding != 0 {
 		t.Errorf("load while routed %+v, want 1 request, prefill %d, decode %d", l, prompt-2, prompt+10)
 	}
@@ -842,7 +842,7 @@ func TestMetrics(t *testing.T) {
 func TestMetricsOwnRegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	f := newFakeFleet(testBackend(t, 0, "b0", "http://b0", "m"))
-	p, err := New(Config{Fleet: f, Policy: newFirstPolicy(), Registerer: reg, Logger: discard})
+	p, err := New(Config{Fleet: f, Router: routerOf(newFirstPolicy()), Registerer: reg, Logger: discard})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -862,13 +862,13 @@ func TestMetricsOwnRegistry(t *testing.T) {
 	if !found {
 		t.Error("the caller's registry lacks kvroute_inflight_requests")
 	}
-	if _, err := New(Config{Fleet: f, Policy: newFirstPolicy(), Registerer: reg}); err == nil {
+	if _, err := New(Config{Fleet: f, Router: routerOf(newFirstPolicy()), Registerer: reg}); err == nil {
 		t.Error("a second proxy on one registry: no error")
 	}
 }
 
 func TestNewRequiresFleetAndPolicy(t *testing.T) {
-	if _, err := New(Config{Policy: newFirstPolicy()}); err == nil {
+	if _, err := New(Config{Router: routerOf(newFirstPolicy())}); err == nil {
 		t.Error("no error without a fleet")
 	}
 	if _, err := New(Config{Fleet: newFakeFleet()}); err == nil {

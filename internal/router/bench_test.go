@@ -20,12 +20,12 @@ func BenchmarkPick(b *testing.B) {
 					b.Fatal(err)
 				}
 				prompt := words(1, 128<<10)
-				if _, err := p.Pick(&Request{Prompt: prompt[:64<<10]}, bs); err != nil {
+				if _, err := p.Policy().Pick(&Request{Prompt: prompt[:64<<10]}, bs); err != nil {
 					b.Fatal(err)
 				}
 				// Keep the index warm with other prompts on every backend.
 				for i := range n {
-					if _, err := p.Pick(&Request{Prompt: words(i+2, 8<<10)}, bs); err != nil {
+					if _, err := p.Policy().Pick(&Request{Prompt: words(i+2, 8<<10)}, bs); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -33,7 +33,7 @@ func BenchmarkPick(b *testing.B) {
 				b.ReportAllocs()
 				b.ResetTimer()
 				for b.Loop() {
-					sinkDecision, err = p.Pick(req, bs)
+					sinkDecision, err = p.Policy().Pick(req, bs)
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -31,20 +31,22 @@ func TestTokenBlocksStandInForText(t *testing.T) {
 					t.Fatal(err)
 				}
 				first := &Request{Model: "m", PromptTokens: prompt, TokenBlocks: blocks[:tc.first], TokenBlockSize: tc.blockSize, MaxTokens: 10}
-				d1, err := p.Pick(first, bs)
+				d1, err := p.Route(first, bs)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if d1.PromptTokens != prompt {
-					t.Errorf("first: %d prompt tokens, want the given %d", d1.PromptTokens, prompt)
+				d1.Finish(Failed(499))
+				if first.PromptTokens != prompt {
+					t.Errorf("first: %d prompt tokens, want the given %d", first.PromptTokens, prompt)
 				}
 				second := &Request{Model: "m", PromptTokens: prompt, TokenBlocks: blocks, TokenBlockSize: tc.blockSize, MaxTokens: 10}
-				d2, err := p.Pick(second, bs)
+				d2, err := p.Route(second, bs)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if d2.Backend != d1.Backend || d2.PrefixTokens != cached {
-					t.Errorf("second: %s with %d cached tokens, want %s with %d", d2.Backend.Name, d2.PrefixTokens, d1.Backend.Name, cached)
+				d2.Finish(Failed(499))
+				if d2.Backend != d1.Backend || d2.Cached != cached {
+					t.Errorf("second: %s with %d cached tokens, want %s with %d", d2.Backend.Name, d2.Cached, d1.Backend.Name, cached)
 				}
 			})
 		}
@@ -59,7 +61,7 @@ func TestReplicasAgreeOnSessions(t *testing.T) {
 	for i := range bs {
 		bs[i] = fleet.NewBackend(i, string(rune('a'+i)), nil)
 	}
-	var replicas []Policy
+	var replicas []*Router
 	for r := range 3 {
 		p, err := New("kvroute", bs, Options{Seed: uint64(r + 1), KVRoute: KVRouteConfig{Replicas: 3}})
 		if err != nil {
@@ -73,10 +75,11 @@ func TestReplicasAgreeOnSessions(t *testing.T) {
 		var first *fleet.Backend
 		for turn := range 3 {
 			req := &Request{Model: "m", SessionKey: key, Prompt: "user\nhello there, turn " + string(rune('0'+turn)) + "\n", MaxTokens: 10}
-			d, err := replicas[(s+turn)%3].Pick(req, bs)
+			d, err := replicas[(s+turn)%3].Route(req, bs)
 			if err != nil {
 				t.Fatal(err)
 			}
+			d.Finish(Failed(499))
 			if first == nil {
 				first = d.Backend
 			} else if d.Backend != first {

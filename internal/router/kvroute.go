@@ -10,10 +10,7 @@ import (
 	"github.com/kvroute/kvroute/internal/prefix"
 )
 
-var (
-	_ Policy  = (*KVRoute)(nil)
-	_ Learner = (*KVRoute)(nil)
-)
+var _ Policy = (*KVRoute)(nil)
 
 // KVRoute is kvroute's own policy. For every candidate it predicts the
 // request's time to first token there,
@@ -47,54 +44,25 @@ type KVRoute struct {
 	// backend holds, as an LRU of the prompts routed there bounded by its
 	// KV capacity; tier 1 (recent) remembers recentFactor times as many
 	// blocks per backend: what it probably holds and what it held until
-	// lately. An
-	// engine's cache is not the index's LRU of routed prompts (it keeps a
-	// request's blocks from when it finishes, keeps what running requests
-	// hold, evicts sooner when requests wait for memory), so a prefix the
-	// index has just forgotten is often still there; and where it is not,
-	// recomputing it there costs no more than anywhere else. Forgetting it
-	// outright moved conversations off the backend that still held them.
-	// One table for both: each block is looked up once per request, which
-	// at a thousand backends is a third of a decision's time.
+	// lately. An engine's cache is not the index's LRU of routed prompts
+	// (it keeps a request's blocks from when it finishes, keeps what
+	// running requests hold, evicts sooner when requests wait for memory),
+	// so a prefix the index has just forgotten is often still there; and
+	// where it is not, recomputing it there costs no more than anywhere
+	// else. Forgetting it outright moved conversations off the backend that
+	// still held them. One table for both: each block is looked up once per
+	// request, which at a thousand backends is a third of a decision's time.
 	index *prefix.Index
 
-	mu     sync.Mutex
-	pooled speed // learned from every backend
-	// slowness is each backend's observed TTFT over the pooled fit's
-	// prediction, as decayed sums (by backend index). A fleet is mostly
-	// alike; fitting each backend alone lets a few long prompts give one
-	// a rate far off the others' and draw every long prompt to it.
-	observed, predicted []float64
-	// sumSlow is Σ observed/predicted over the backends: predictions use
-	// each backend's slowness relative to the fleet's mean, so that what the
-	// pooled fit got wrong while it was learning cancels out.
-	sumSlow  float64
-	capacity []int // index capacity in blocks last derived from Info, by backend index
-	// hold is the learned mean time a token of KV is held, in seconds: the
-	// requests' lifetimes weighted by their tokens (decayed sums), since
-	// the long requests are the ones that hold the cache.
-	holdSum, holdWeight float64
-	// life is the mean time a request is in flight, in seconds (decayed
-	// sums): how long a slot stays taken.
-	lifeSum, lifeN float64
-	// ratio is the learned prompt bytes per token: decayed sums of bytes
-	// and tokens, so that long prompts, whose estimate matters, weigh
-	// most (short ones carry the chat template's fixed tokens).
-	ratio                   float64
-	ratioBytes, ratioTokens float64
-	sessions                map[string]int
-	// pending holds, for each routed request whose backend held more of it
-	// in recent than in index, the two, until its outcome says how much of
-	// the difference was cached.
-	pending map[*Request]tiers
-	// recentHit and recentSeen are decayed sums of the prompt tokens that
-	// recent alone predicted cached on the chosen backend and of those the
-	// backend had: their ratio is the odds that such a token is cached.
-	recentHit, recentSeen float64
-	// queue is each backend's prefill work ahead of a new request as of a
-	// moment, by backend index: the router's count of the prefill it sent
-	// there overstates it as soon as the backend starts computing, and a
-	// long prompt half done is half the wait.
+	// learner owns what outcomes teach; Pick reads its latest snapshot
+	// without a lock (kvroute_learn.go).
+	learner learner
+	// mu guards what every pick reads and changes: sessions, the queue
+	// model and the arrival rate.
+	mu       sync.Mutex
+	sessions map[string]int
+	// queue is each backend's prefill work ahead of a new request, by
+	// backend index (see drain).
 	queue []drain
 	// epoch is when the policy was made: queue times are seconds since it,
 	// cheaper to subtract for a thousand backends than time.Time.
@@ -137,6 +105,9 @@ type KVRouteConfig struct {
 	// load and places sessions it does not know by consistent hashing (see
 	// kvroute_replicas.go).
 	Replicas int
+	// Tokens estimates prompt lengths (the Router's, shared); nil means a
+	// fresh estimator.
+	Tokens *Tokens
 }
 
 func (c KVRouteConfig) withDefaults() KVRouteConfig {
@@ -148,6 +119,9 @@ func (c KVRouteConfig) withDefaults() KVRouteConfig {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Tokens == nil {
+		c.Tokens = NewTokens()
 	}
 	if c.DefaultKVTokens <= 0 {
 		c.DefaultKVTokens = 400_000
@@ -161,40 +135,9 @@ func (c KVRouteConfig) withDefaults() KVRouteConfig {
 	return c
 }
 
-const (
-	defaultRatio  = 4.0 // bytes of prompt text per token
-	priorTokens   = 1000.0
-	ratioDecay    = 1 - 1.0/64
-	defaultOutput = 256 // tokens expected when a request does not say
-	priorHold     = 5.0 // seconds a token of KV is held, until observed
-	holdDecay     = 1 - 1.0/256
-	maxSessions   = 1 << 17
-	tieTolerance  = 0.1   // relative: learned speeds carry noise of this order
-	tieFloor      = 0.005 // s
-	priorSlowness = 20.0  // s of TTFT behind the prior that a backend is as fast as the fleet
-	slownessDecay = 1 - 1.0/500
-	speedNoise    = 0.05 // relative error of a predicted prefill: ties within it
-	arrivalWindow = 30.0 // s
-	// loadSlack is what the load bound allows above LoadFactor × the mean
-	// in-flight requests: at light load, with one or two requests a
-	// backend, a slack of one moved conversations off their caches (chat
-	// on 32 servers: 70 % of prompt tokens cached against 80 % with 4).
-	loadSlack      = 4
-	capacityShrink = 0.9
-	// recentTier is the index's tier of what backends held lately, and
-	// recentFactor how many times its KV capacity that tier remembers of
-	// each backend. Measured in the simulator on Mooncake
-	// (docs/routing.md): 2 kept most of what staying on a backend could
-	// gain.
-	recentTier   = 1
-	recentFactor = 2
-	priorRecent  = 10_000.0 // tokens, half of them cached, until observed
-	recentDecay  = 1 - 1.0/64
-)
-
-// tiers is what the two indexes predicted cached of a request on its
-// backend, in tokens.
-type tiers struct{ sure, maybe int }
+// maxSessions bounds the sessions kvroute remembers the backend of; past
+// it, they are forgotten wholesale (the index still knows their prompts).
+const maxSessions = 1 << 17
 
 // NewKVRoute returns the policy for a fleet of backends (their Index fields
 // number them 0..len-1).
@@ -205,50 +148,20 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 		n = max(n, b.Index+1)
 	}
 	p := &KVRoute{
-		cfg:        cfg,
-		rand:       newRand(cfg.Seed),
-		observed:   make([]float64, n),
-		predicted:  make([]float64, n),
-		capacity:   make([]int, n),
-		ratio:      defaultRatio,
-		sessions:   make(map[string]int),
-		pending:    make(map[*Request]tiers),
-		recentHit:  priorRecent / 2,
-		recentSeen: priorRecent,
-		queue:      make([]drain, n),
-		epoch:      cfg.Now(),
+		cfg:      cfg,
+		rand:     newRand(cfg.Seed),
+		sessions: make(map[string]int),
+		queue:    make([]drain, n),
+		epoch:    cfg.Now(),
 	}
 	p.index = prefix.NewTiered(n, p.blocksFor(cfg.DefaultKVTokens), recentFactor*p.blocksFor(cfg.DefaultKVTokens))
-	p.pooled = newSpeed()
-	p.holdSum, p.holdWeight = priorHold, 1
-	p.lifeSum, p.lifeN = priorHold, 1
-	p.ratioBytes, p.ratioTokens = defaultRatio*priorTokens, priorTokens
-	for i := range n {
-		p.observed[i], p.predicted[i] = priorSlowness, priorSlowness
-	}
-	p.sumSlow = float64(n)
+	p.learner.init(n)
 	p.scratch.New = func() any { return &pickScratch{matched: make([]int, n), recent: make([]int, n)} }
 	return p
 }
 
 // Name implements Policy.
 func (*KVRoute) Name() string { return "kvroute" }
-
-// drain is a fluid model of one backend's prefill queue: work seconds of
-// prefill at the moment at (seconds since the policy's epoch), computed
-// since at one second a second.
-type drain struct {
-	work float64
-	at   float64
-}
-
-// left returns the seconds of prefill still ahead at now on a backend where
-// the prompt tokens the router sent that still await their first token
-// would take most seconds to compute from scratch: never more, and none
-// when none do.
-func (d drain) left(now, most float64) float64 {
-	return max(0, min(d.work-(now-d.at), most))
-}
 
 // candidate is what Pick works out about one backend before costing it.
 type candidate struct {
@@ -264,7 +177,7 @@ type candidate struct {
 }
 
 // arrivalRate returns the requests a second the policy has routed lately,
-// and counts one more.
+// and counts one more. Call with mu held.
 func (p *KVRoute) arrivalRate(now time.Time) float64 {
 	if !p.arrivedAt.IsZero() {
 		p.arrivals *= math.Exp(-now.Sub(p.arrivedAt).Seconds() / arrivalWindow)
@@ -279,12 +192,13 @@ type pickScratch struct {
 	matched []int
 	recent  []int // blocks matched in recent
 	loads   []fleet.Load
+	drains  []drain
 	cand    []candidate
 }
 
 // blocksFor converts a KV capacity in tokens into index blocks.
 func (p *KVRoute) blocksFor(tokens int) int {
-	return max(1, int(float64(tokens)*p.ratio/float64(p.cfg.BlockBytes)))
+	return max(1, int(float64(tokens)*p.cfg.Tokens.Ratio()/float64(p.cfg.BlockBytes)))
 }
 
 // Pick implements Policy.
@@ -296,86 +210,38 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	defer p.scratch.Put(s)
 	s.hashes = req.prefixHashes(s.hashes[:0], p.cfg.BlockBytes)
 	longest := p.index.Match(s.hashes, s.matched, s.recent)
+	ln := p.learner.snapshot()
+	ratio := p.cfg.Tokens.Ratio()
+	promptTokens := req.promptTokens(ratio)
 
 	var total int64
 	s.loads = slices.Grow(s.loads[:0], len(cands))[:len(cands)]
+	s.drains = slices.Grow(s.drains[:0], len(cands))[:len(cands)]
 	loads := s.loads
 	for i, b := range cands {
 		loads[i] = p.load(b)
 		total += loads[i].Requests
 	}
-	bound := p.cfg.LoadFactor*float64(total+1)/float64(len(cands)) + loadSlack
+	bound := loadBound(p.cfg.LoadFactor, total, len(cands))
 
 	now := p.cfg.Now()
 	nowS := now.Sub(p.epoch).Seconds()
 	p.mu.Lock()
-	ratio := p.ratio
 	session, hasSession := p.sessions[req.SessionKey]
 	hasSession = hasSession && req.SessionKey != ""
-	promptTokens := req.promptTokens(ratio)
-	need := float64(promptTokens + max(req.MaxTokens, defaultOutput))
-	s.cand = slices.Grow(s.cand[:0], len(cands))[:len(cands)]
-	cand := s.cand
-	clear(cand)
-	meanSlow := p.sumSlow / float64(len(p.observed))
+	for i, b := range cands {
+		s.drains[i] = p.queue[b.Index]
+	}
+	rate := p.arrivalRate(now)
+	p.mu.Unlock()
+
+	cand := p.candidates(s, cands, ln, ratio, promptTokens, nowS)
 	backlog := math.Inf(1)
-	odds := p.recentHit / p.recentSeen
-	for i, b := range cands {
-		c := &cand[i]
-		c.sure = min(promptTokens, int(float64(s.matched[b.Index]*p.cfg.BlockBytes)/ratio))
-		c.maybe = max(c.sure, min(promptTokens, int(float64(s.recent[b.Index]*p.cfg.BlockBytes)/ratio)))
-		c.cached = c.sure + int(odds*float64(c.maybe-c.sure))
-		c.slow = p.observed[b.Index] / p.predicted[b.Index] / meanSlow
-		c.miss = float64(promptTokens - c.cached)
-		if loads[i].PrefillTokens > 0 {
-			c.queued = p.queue[b.Index].left(nowS, c.slow*p.pooled.prefill(float64(loads[i].PrefillTokens), 0))
-		}
-		c.own = c.slow * p.pooled.prefill(c.miss, float64(c.cached))
-		backlog = min(backlog, c.queued)
+	for i := range cand {
+		backlog = min(backlog, cand[i].queued)
 	}
-	// The miss penalty grows with the backlog every backend has: once the
-	// whole fleet is queued, a recomputed prefix delays each request that
-	// arrives behind it there, about one per mean gap between arrivals, for
-	// as long as the least loaded backend's queue.
-	penalty := p.cfg.MissPenalty * (1 + p.arrivalRate(now)/float64(len(cands))*backlog)
-	best, floor, floorTTFT := -1, math.Inf(1), math.Inf(1)
-	for i, b := range cands {
-		c := &cand[i]
-		ttft := c.queued + c.slow*p.pooled.predict(c.miss, float64(c.cached), float64(loads[i].Decoding))
-		// A request waits for KV memory when what the backend's requests
-		// hold plus what it needs exceeds the cache: until enough of them
-		// finish, at about a cache's worth per mean holding time.
-		kv := float64(p.cfg.DefaultKVTokens)
-		if info := b.Info(); info != nil && info.KVTokens() > 0 {
-			kv = float64(info.KVTokens())
-		}
-		if excess := float64(loads[i].DecodeTokens) + need - kv; excess > 0 {
-			ttft += excess / kv * (p.holdSum / p.holdWeight)
-		}
-		// An engine that runs a fixed number of requests at once (llama.cpp's
-		// slots) queues the rest whole: the request waits for as many of
-		// them to finish as are ahead of it, a slot's worth per mean
-		// lifetime each.
-		if p.cfg.Metrics != nil {
-			if m := p.cfg.Metrics(b); m != nil && m.Slots > 0 {
-				if ahead := loads[i].Requests + 1 - int64(m.Slots); ahead > 0 {
-					ttft += float64(ahead) / float64(m.Slots) * (p.lifeSum / p.lifeN)
-				}
-			}
-		}
-		cost := ttft + penalty*c.own
-		if float64(loads[i].Requests+1) > bound {
-			cost = math.Inf(1) // over the load bound: only if all are
-		}
-		c.ttft, c.cost = ttft, cost
-		if best < 0 || cost < cand[best].cost {
-			best = i
-		}
-		// The cost on an idle backend: what no choice can avoid, and the
-		// TTFT there, whose error makes near costs ties.
-		floor = min(floor, c.slow*p.pooled.overhead+(1+penalty)*c.own)
-		floorTTFT = min(floorTTFT, c.slow*p.pooled.overhead+c.own)
-	}
+	penalty := missPenalty(p.cfg.MissPenalty, rate, len(cands), backlog)
+	best, floor, floorTTFT := p.cost(cand, cands, loads, ln, penalty, bound, float64(promptTokens+max(req.MaxTokens, defaultOutput)))
 	if math.IsInf(cand[best].cost, 1) {
 		// Every backend is over the bound (the slack above the mean makes
 		// this impossible, short of counts changing under Pick): fall back
@@ -398,24 +264,16 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	cb := &cand[best]
 	work := cb.own
 	if cb.maybe > cb.sure {
-		work = cb.slow * p.pooled.prefill(float64(promptTokens-cb.sure), float64(cb.sure))
-		if len(p.pending) >= maxSessions {
-			clear(p.pending) // outcomes that never came; the odds lose a few samples
-		}
-		p.pending[req] = tiers{sure: cb.sure, maybe: cb.maybe}
+		work = cb.slow * ln.speed.prefill(float64(promptTokens-cb.sure), float64(cb.sure))
 	}
-	p.queue[chosen.Index] = drain{work: cb.queued + work, at: nowS}
-	p.mu.Unlock()
-
+	pk := &picked{policy: p, req: req, backend: chosen, sure: cb.sure, maybe: cb.maybe,
+		queued: loads[best].PrefillTokens, decoding: loads[best].Decoding}
 	d := Decision{
 		Backend:       chosen,
-		PromptTokens:  promptTokens,
-		PrefixTokens:  cb.sure,
-		OutputTokens:  req.MaxTokens,
-		QueuedTokens:  int(loads[best].PrefillTokens),
-		Decoding:      int(loads[best].Decoding),
-		PredictedTTFT: seconds(cand[best].ttft),
+		Cached:        cb.sure,
+		PredictedTTFT: seconds(cb.ttft),
 		Scores:        explain(cand, cands, best),
+		Done:          pk.done,
 	}
 	switch {
 	case longest > 0 && s.matched[chosen.Index] == longest:
@@ -428,25 +286,77 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		d.Reason = "least-cost"
 	}
 	p.index.Insert(chosen.Index, s.hashes)
+	p.mu.Lock()
+	p.queue[chosen.Index] = drain{work: cb.queued + work, at: nowS}
 	if req.SessionKey != "" {
-		p.mu.Lock()
 		if len(p.sessions) >= maxSessions {
-			clear(p.sessions) // forget old sessions wholesale; the index still knows their prompts
+			clear(p.sessions)
 		}
 		p.sessions[req.SessionKey] = chosen.Index
-		p.mu.Unlock()
 	}
+	p.mu.Unlock()
 	return d, nil
 }
 
-// breakTie returns, among the candidates whose cost is within the tolerance
-// of the best, the session's backend when it is one, else one of those
-// expected to hold the most of the prompt, at random. The tolerance is
-// relative to the part of the cost that depends on the choice (the best cost
-// above the floor, the cheapest idle backend's), plus the prediction's own
-// error on the request's prefill: a long prompt's prefill seconds are no
-// reason to call a half-second difference in queues a tie, nor is a learned
-// speed's noise a reason to herd onto one backend.
+// candidates works out, for every candidate, the prompt tokens expected
+// cached there, its slowness, the prefill queued ahead and the request's own
+// prefill.
+func (p *KVRoute) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned, ratio float64, promptTokens int, nowS float64) []candidate {
+	s.cand = slices.Grow(s.cand[:0], len(cands))[:len(cands)]
+	cand := s.cand
+	clear(cand)
+	for i, b := range cands {
+		c := &cand[i]
+		c.sure = min(promptTokens, int(float64(s.matched[b.Index]*p.cfg.BlockBytes)/ratio))
+		c.maybe = max(c.sure, min(promptTokens, int(float64(s.recent[b.Index]*p.cfg.BlockBytes)/ratio)))
+		c.cached = expectedCached(c.sure, c.maybe, ln.odds)
+		c.slow = slowness(p.learner.slowRatio(b.Index), ln.meanSlow)
+		c.miss = float64(promptTokens - c.cached)
+		if s.loads[i].PrefillTokens > 0 {
+			c.queued = s.drains[i].left(nowS, c.slow*ln.speed.prefill(float64(s.loads[i].PrefillTokens), 0))
+		}
+		c.own = c.slow * ln.speed.prefill(c.miss, float64(c.cached))
+	}
+	return cand
+}
+
+// cost sets every candidate's predicted TTFT and cost, for a request that
+// needs need tokens of KV, and returns the cheapest and the floor and TTFT
+// floor of the tie window (see tieWindow).
+func (p *KVRoute) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.Load, ln *learned, penalty, bound, need float64) (best int, floor, floorTTFT float64) {
+	best, floor, floorTTFT = -1, math.Inf(1), math.Inf(1)
+	for i, b := range cands {
+		c := &cand[i]
+		ttft := c.queued + c.slow*ln.speed.predict(c.miss, float64(c.cached), float64(loads[i].Decoding))
+		kv := float64(p.cfg.DefaultKVTokens)
+		if info := b.Info(); info != nil && info.KVTokens() > 0 {
+			kv = float64(info.KVTokens())
+		}
+		ttft += kvWait(float64(loads[i].DecodeTokens), need, kv, ln.hold)
+		if p.cfg.Metrics != nil {
+			if m := p.cfg.Metrics(b); m != nil && m.Slots > 0 {
+				ttft += slotWait(loads[i].Requests, m.Slots, ln.life)
+			}
+		}
+		cost := ttft + penalty*c.own
+		if float64(loads[i].Requests+1) > bound {
+			cost = math.Inf(1) // over the load bound: only if all are
+		}
+		c.ttft, c.cost = ttft, cost
+		if best < 0 || cost < cand[best].cost {
+			best = i
+		}
+		// The cost on an idle backend: what no choice can avoid, and the
+		// TTFT there, whose error makes near costs ties.
+		floor = min(floor, c.slow*ln.speed.overhead+(1+penalty)*c.own)
+		floorTTFT = min(floorTTFT, c.slow*ln.speed.overhead+c.own)
+	}
+	return best, floor, floorTTFT
+}
+
+// breakTie returns, among the candidates whose cost is within the tie
+// window of the best (tieWindow), the session's backend when it is one,
+// else one of those expected to hold the most of the prompt, at random.
 //
 // Within the tolerance the predictions cannot tell the candidates apart, but
 // the cache can: a random pick among them moved conversations off their
@@ -458,8 +368,7 @@ func (p *KVRoute) breakTie(cand []candidate, cands []*fleet.Backend, best int, f
 	if key != 0 && !hasSession {
 		return placeByKey(cand, cands, best, key)
 	}
-	c := cand[best].cost
-	limit := c + max(tieFloor, tieTolerance*max(0, c-floor)+speedNoise*floorTTFT)
+	limit := tieWindow(cand[best].cost, floor, floorTTFT)
 	ties, most := 0, -1
 	for i := range cand {
 		if cand[i].cost > limit {
@@ -535,102 +444,3 @@ func explain(cand []candidate, cands []*fleet.Backend, best int) []Score {
 	}
 	return scores
 }
-
-// Observe implements Learner: it learns prompt bytes per token and each
-// backend's TTFT model, corrects the index's capacity for a backend whose
-// cache held less than predicted, and forgets what a failed request was
-// expected to leave in a backend's cache.
-func (p *KVRoute) Observe(o Outcome) {
-	b := o.Decision.Backend
-	if b == nil {
-		return
-	}
-	if o.Status == 0 || o.Status >= 500 {
-		// The backend never computed the prompt: take back what Pick told
-		// the index it would hold beyond what it held already.
-		p.mu.Lock()
-		held := int(float64(o.Decision.PrefixTokens) * p.ratio / float64(p.cfg.BlockBytes))
-		t, ok := p.pending[o.Request]
-		delete(p.pending, o.Request)
-		maybe := held
-		if ok {
-			maybe = int(float64(t.maybe) * p.ratio / float64(p.cfg.BlockBytes))
-		}
-		p.mu.Unlock()
-		hashes := o.Request.prefixHashes(nil, p.cfg.BlockBytes)
-		p.index.Forget(b.Index, hashes, held)
-		p.index.ForgetTier(recentTier, b.Index, hashes, maybe)
-		return
-	}
-	if o.Status != 200 || o.PromptTokens <= 0 {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if t, ok := p.pending[o.Request]; ok {
-		delete(p.pending, o.Request)
-		if o.CachedTokens >= 0 {
-			extra := float64(t.maybe - t.sure)
-			p.recentHit = p.recentHit*recentDecay + clamp(float64(o.CachedTokens-t.sure), 0, extra)
-			p.recentSeen = p.recentSeen*recentDecay + extra
-		}
-	}
-	if len(o.Request.Prompt) > 0 {
-		p.ratioBytes = p.ratioBytes*ratioDecay + float64(len(o.Request.Prompt))
-		p.ratioTokens = p.ratioTokens*ratioDecay + float64(o.PromptTokens)
-		p.ratio = p.ratioBytes / p.ratioTokens
-	}
-	if o.Latency > 0 {
-		w := float64(o.PromptTokens + max(o.CompletionTokens, 0))
-		p.holdSum = p.holdSum*holdDecay + w*o.Latency.Seconds()
-		p.lifeSum = p.lifeSum*holdDecay + o.Latency.Seconds()
-		p.lifeN = p.lifeN*holdDecay + 1
-		p.holdWeight = p.holdWeight*holdDecay + w
-	}
-	// Speeds are learned only from requests that found no prefill waiting
-	// on their backend (the router's exact count): their TTFT is their own
-	// prefill. With a queue ahead, how much of it was still to do is itself
-	// an estimate from the learned rate, and fitting the rate to it feeds
-	// its errors back into it.
-	if o.CachedTokens >= 0 && o.TTFT > 0 && o.Decision.QueuedTokens == 0 {
-		m, c := float64(o.PromptTokens-o.CachedTokens), float64(o.CachedTokens)
-		decoding := float64(o.Decision.Decoding)
-		i := b.Index
-		p.sumSlow -= p.observed[i] / p.predicted[i]
-		p.observed[i] = p.observed[i]*slownessDecay + o.TTFT.Seconds()
-		p.predicted[i] = p.predicted[i]*slownessDecay + p.pooled.predict(m, c, decoding)
-		p.sumSlow += p.observed[i] / p.predicted[i]
-		p.pooled.observe(m, c, decoding, o.TTFT.Seconds())
-	}
-	// Capacity: the KV the backend reports, in blocks of prompt text; shrunk
-	// when the backend had evicted what the index still believed cached (it
-	// serves other traffic, or its cache is smaller than it says), regrown
-	// slowly when predictions hold.
-	full := p.blocksFor(p.cfg.DefaultKVTokens)
-	if info := b.Info(); info != nil && info.KVTokens() > 0 {
-		full = p.blocksFor(info.KVTokens())
-	}
-	c := p.capacity[b.Index]
-	if c == 0 || c > full {
-		c = full
-	}
-	blockTokens := int(float64(p.cfg.BlockBytes) / p.ratio)
-	switch {
-	case o.CachedTokens < 0:
-	case o.CachedTokens+blockTokens < o.Decision.PrefixTokens:
-		c = max(1, int(float64(c)*capacityShrink))
-	case c < full:
-		c = min(full, c+max(1, full/256))
-	}
-	if c != p.capacity[b.Index] {
-		p.capacity[b.Index] = c
-		p.index.SetCapacity(b.Index, c)
-	}
-	if p.index.TierCapacity(recentTier, b.Index) != recentFactor*full {
-		p.index.SetTierCapacity(recentTier, b.Index, recentFactor*full)
-	}
-}
-
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
-
-func clamp(x, lo, hi float64) float64 { return math.Max(lo, math.Min(hi, x)) }

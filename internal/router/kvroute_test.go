@@ -3,6 +3,8 @@ package router
 import (
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
 )
 
 func TestKVRouteTiesGoToTheCache(t *testing.T) {
@@ -22,41 +24,50 @@ func TestKVRouteTiesGoToTheCache(t *testing.T) {
 
 func TestKVRouteForgetsTokenBlocksOfFailedRequest(t *testing.T) {
 	bs := backends(2)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
+	r := newKVRouter(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	blocks := make([]uint64, 64)
 	for i := range blocks {
 		blocks[i] = uint64(i + 1)
 	}
-	req := &Request{PromptTokens: 1024, TokenBlocks: blocks, TokenBlockSize: 16}
-	d := pick(t, p, req, bs)
-	p.Observe(Outcome{Request: req, Decision: d, Status: 0, PromptTokens: -1, CachedTokens: -1})
-	if n := p.index.Len(d.Backend.Index); n != 0 {
-		t.Errorf("the index still holds %d blocks of a prompt the backend never saw", n)
+	req := func() *Request { return &Request{PromptTokens: 1024, TokenBlocks: blocks, TokenBlockSize: 16} }
+	d := route(t, r, req(), bs)
+	d.Finish(Failed(0))
+	again := route(t, r, req(), bs)
+	again.Finish(Failed(499))
+	if s := scoreOf(t, again.Decision, d.Backend); s.Cached != 0 {
+		t.Errorf("%s is still predicted to hold %d tokens of a prompt it never saw", d.Backend.Name, s.Cached)
+	}
+}
+
+// smallCache gives every backend of bs 2,560 tokens of KV: an index of 40
+// blocks of 256 bytes, and a memory of what it held lately of 80.
+func smallCache(bs []*fleet.Backend) {
+	for _, b := range bs {
+		b.SetInfo(&fleet.Info{Models: []string{"m"}, BlockSize: 16, KVBlocks: 160})
 	}
 }
 
 func TestKVRouteRemembersBeyondTheIndex(t *testing.T) {
 	bs := backends(4)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
-	conv := words(0, 16_000) // 4k tokens
-	first := pick(t, p, &Request{Prompt: conv}, bs)
-	// The index forgets the conversation (other prompts passed through the
-	// backend's cache), recent does not.
-	p.index.SetCapacity(first.Backend.Index, 1)
-	next := &Request{Prompt: conv + words(1, 400)}
-	d := pick(t, p, next, bs)
+	smallCache(bs)
+	r := newKVRouter(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
+	conv := words(0, 16_000) // 4k tokens, 62 blocks: more than the index keeps
+	first := route(t, r, &Request{Prompt: conv}, bs)
+	// Served: the index learns the backend's real capacity and forgets
+	// part of the conversation; recent does not.
+	first.Finish(served(4000, 0, 100*time.Millisecond))
+	d := route(t, r, &Request{Prompt: conv + words(1, 400)}, bs)
+	d.Finish(Failed(499))
 	if d.Backend != first.Backend {
 		t.Fatalf("turn 2 went to %s, away from %s that probably still holds turn 1", d.Backend.Name, first.Backend.Name)
 	}
-	// Counted as a miss but for the block the index kept: the queue behind
+	// Counted as a miss but for the blocks the index kept: the queue behind
 	// it must not be underestimated.
-	if d.PrefixTokens > 64 {
-		t.Errorf("counted %d cached tokens where the index holds one block", d.PrefixTokens)
+	if d.Cached > 40*64 {
+		t.Errorf("counted %d cached tokens where the index holds at most 40 blocks", d.Cached)
 	}
-	for _, s := range d.Scores {
-		if s.Backend == first.Backend.Name && s.Cached <= 0 {
-			t.Errorf("score %+v: recent's memory is worth nothing", s)
-		}
+	if s := scoreOf(t, d.Decision, first.Backend); s.Cached <= d.Cached {
+		t.Errorf("score %+v: recent's memory is worth nothing beyond the index's %d tokens", s, d.Cached)
 	}
 }
 
@@ -71,27 +82,29 @@ func TestKVRouteLearnsWhatRecentMemoryIsWorth(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			bs := backends(1)
-			p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
-			before := p.recentHit / p.recentSeen
+			smallCache(bs)
+			r := newKVRouter(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
+			// What kvroute expects cached of a turn whose previous turn only
+			// recent remembers whole, at its first and its last outcome.
+			var worth []int
 			for i := range 20 {
 				conv := words(i, 16_000)
-				pick(t, p, &Request{Prompt: conv}, bs)
-				p.index.SetCapacity(0, 1)
-				req := &Request{Prompt: conv + words(100+i, 400)}
-				d := pick(t, p, req, bs)
+				route(t, r, &Request{Prompt: conv}, bs).Finish(served(4000, 0, 100*time.Millisecond))
+				d := route(t, r, &Request{Prompt: conv + words(100+i, 400)}, bs)
+				s := scoreOf(t, d.Decision, bs[0])
+				if s.Cached <= d.Cached {
+					t.Fatalf("turn %d: recent predicts nothing beyond the index (%+v)", i, s)
+				}
+				worth = append(worth, s.Cached-d.Cached)
 				cached := 0
 				if tt.cached {
 					cached = 4000
 				}
-				p.Observe(Outcome{Request: req, Decision: d, Status: 200, PromptTokens: d.PromptTokens,
-					CachedTokens: cached, TTFT: 100 * time.Millisecond})
+				d.Finish(served(4100, cached, 100*time.Millisecond))
 			}
-			after := p.recentHit / p.recentSeen
+			before, after := worth[0], worth[len(worth)-1]
 			if (after > before) != tt.rises {
-				t.Errorf("odds %.2f -> %.2f", before, after)
-			}
-			if len(p.pending) != 0 {
-				t.Errorf("%d outcomes still pending", len(p.pending))
+				t.Errorf("recent's memory worth %d tokens, then %d", before, after)
 			}
 		})
 	}

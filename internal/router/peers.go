@@ -71,17 +71,10 @@ func (c PeerConfig) kvTokens() int {
 // token (the peers do not tokenize either), unless the caller knows it.
 func promptTokens(req *Request) int { return req.promptTokens(defaultRatio) }
 
-// decide fills a Decision the way the proxy's accounting needs it.
-func decide(b *fleet.Backend, reason string, req *Request, prompt, cached int, load fleet.Load) Decision {
-	return Decision{
-		Backend:      b,
-		Reason:       reason,
-		PromptTokens: prompt,
-		PrefixTokens: min(cached, prompt),
-		OutputTokens: req.MaxTokens,
-		QueuedTokens: int(load.PrefillTokens),
-		Decoding:     int(load.Decoding),
-	}
+// decide returns the decision for b with cached prompt tokens expected
+// there.
+func decide(b *fleet.Backend, reason string, cached int) Decision {
+	return Decision{Backend: b, Reason: reason, Cached: cached}
 }
 
 // Float64 returns a uniform number in [0, 1).
@@ -137,7 +130,7 @@ func (p *Random) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		return Decision{}, ErrNoBackend
 	}
 	b := cands[p.rand.IntN(len(cands))]
-	return decide(b, "random", req, promptTokens(req), 0, b.Load()), nil
+	return decide(b, "random", 0), nil
 }
 
 // P2C is the power of two choices (Mitzenmacher): it draws two distinct
@@ -160,14 +153,14 @@ func (p *P2C) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	case 0:
 		return Decision{}, ErrNoBackend
 	case 1:
-		return decide(cands[0], "p2c", req, promptTokens(req), 0, cands[0].Load()), nil
+		return decide(cands[0], "p2c", 0), nil
 	}
 	i, j := p.rand.pair(len(cands))
 	li, lj := cands[i].Load(), cands[j].Load()
 	if lj.Requests < li.Requests {
 		i, j, li, lj = j, i, lj, li
 	}
-	d := decide(cands[i], "p2c", req, promptTokens(req), 0, li)
+	d := decide(cands[i], "p2c", 0)
 	d.Scores = []Score{
 		{Backend: cands[i].Name, Cost: float64(li.Requests)},
 		{Backend: cands[j].Name, Cost: float64(lj.Requests)},
@@ -261,12 +254,12 @@ func (p *SessionBounded) Pick(req *Request, cands []*fleet.Backend) (Decision, e
 		}
 		i := s.pos[owner]
 		if s.loads[i].Requests+1 <= bound {
-			return decide(cands[i], reason, req, promptTokens(req), 0, s.loads[i]), nil
+			return decide(cands[i], reason, 0), nil
 		}
 		s.pos[owner] = -1 // full: skip its other points
 		reason = "spill"
 	}
 	// No candidate is on the ring (backends added after it was built).
 	b := leastLoaded(cands, p.rand)
-	return decide(b, "least-request", req, promptTokens(req), 0, b.Load()), nil
+	return decide(b, "least-request", 0), nil
 }

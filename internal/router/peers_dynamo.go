@@ -97,7 +97,7 @@ func (p *DynamoKV) Pick(req *Request, cands []*fleet.Backend) (Decision, error) 
 	if scores[best].Cached > 0 {
 		reason = "prefix"
 	}
-	d := decide(chosen, reason, req, prompt, scores[best].Cached, loads[best])
+	d := decide(chosen, reason, scores[best].Cached)
 	d.Scores = scores
 	return d, nil
 }

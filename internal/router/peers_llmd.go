@@ -142,7 +142,7 @@ func (p *LLMDDefault) Pick(req *Request, cands []*fleet.Backend) (Decision, erro
 	if scores[best].Cached > 0 {
 		reason = "prefix"
 	}
-	d := decide(chosen, reason, req, prompt, scores[best].Cached, sig[best].load)
+	d := decide(chosen, reason, scores[best].Cached)
 	d.Scores = scores
 	return d, nil
 }

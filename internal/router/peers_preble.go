@@ -141,7 +141,7 @@ func (p *PrebleE2) Pick(req *Request, cands []*fleet.Backend) (Decision, error) 
 	}
 	chosen := cands[best]
 	p.index.insert(chosen, s.hashes)
-	d := decide(chosen, reason, req, prompt, scores[best].Cached, loads[best])
+	d := decide(chosen, reason, scores[best].Cached)
 	d.Scores = scores
 	return d, nil
 }

@@ -118,7 +118,7 @@ func (p *SGLangCacheAware) Pick(req *Request, cands []*fleet.Backend) (Decision,
 	if p.tree.sizeOf(chosen.Index) > p.cfg.MaxTreeChars {
 		p.tree.evict(int32(chosen.Index), p.cfg.MaxTreeChars*9/10)
 	}
-	return decide(chosen, reason, req, promptTokens(req), int(float64(matched)*tokensPerChar), chosen.Load()), nil
+	return decide(chosen, reason, min(int(float64(matched)*tokensPerChar), promptTokens(req))), nil
 }
 
 // best returns the candidate with the highest value, the least loaded among

@@ -63,14 +63,21 @@ func TestNewBuildsEveryPolicy(t *testing.T) {
 			if p.Name() != name {
 				t.Errorf("Name() = %q", p.Name())
 			}
-			d := pick(t, p, &Request{Prompt: words(1, 2000), SessionKey: "s", MaxTokens: 50}, bs)
+			req := &Request{Prompt: words(1, 2000), SessionKey: "s", MaxTokens: 50}
+			d := route(t, p, req, bs)
 			if d.Backend == nil || d.Reason == "" {
-				t.Errorf("decision %+v: want a backend and a reason", d)
+				t.Errorf("decision %+v: want a backend and a reason", d.Decision)
 			}
-			if peers[name] && (d.PromptTokens != 500 || d.OutputTokens != 50) {
-				t.Errorf("decision %+v: want a backend, a reason, 500 prompt tokens, 50 output tokens", d)
+			// Every policy's request is counted where it went: its estimated
+			// prompt and its output.
+			if l := d.Backend.Load(); req.PromptTokens != 500 || l.Requests != 1 || l.DecodeTokens != 550 {
+				t.Errorf("%d prompt tokens estimated, load %+v: want 500, 1 request of 550 tokens", req.PromptTokens, l)
 			}
-			if _, err := p.Pick(&Request{}, nil); !errors.Is(err, ErrNoBackend) {
+			d.Finish(Failed(499))
+			if l := d.Backend.Load(); l != (fleet.Load{}) {
+				t.Errorf("load %+v left after the ticket finished", l)
+			}
+			if _, err := p.Route(&Request{}, nil); !errors.Is(err, ErrNoBackend) {
 				t.Errorf("no candidates: err = %v, want ErrNoBackend", err)
 			}
 			if peers[name] {
@@ -78,7 +85,7 @@ func TestNewBuildsEveryPolicy(t *testing.T) {
 				// routed to, not a panic.
 				q, _ := New(name, nil, Options{Seed: 1})
 				for range 3 {
-					pick(t, q, &Request{Prompt: words(2, 3000), SessionKey: "s"}, bs)
+					pick(t, q.Policy(), &Request{Prompt: words(2, 3000), SessionKey: "s"}, bs)
 				}
 			}
 		})
@@ -233,8 +240,8 @@ func TestSGLangCacheAware(t *testing.T) {
 				t.Fatalf("picked %s (%s), want %s (%s)", d.Backend.Name, d.Reason, tt.want, tt.wantReason)
 			}
 			if d.Backend == bs[0] && d.Reason == "prefix" {
-				if want := commonPrefix(cached, tt.prompt) / 4; d.PrefixTokens != want {
-					t.Errorf("PrefixTokens = %d, want %d", d.PrefixTokens, want)
+				if want := commonPrefix(cached, tt.prompt) / 4; d.Cached != want {
+					t.Errorf("Cached = %d, want %d", d.Cached, want)
 				}
 			}
 			// The text is inserted under the chosen worker.
@@ -327,7 +334,7 @@ func TestDynamoKVCost(t *testing.T) {
 			if d.Backend == bs[0] {
 				wantCached = 80
 			}
-			if d.PrefixTokens != wantCached || d.PromptTokens != 160 || d.OutputTokens != 7 {
+			if d.Cached != wantCached {
 				t.Errorf("decision %+v", d)
 			}
 		})
@@ -526,8 +533,8 @@ func TestPrebleE2(t *testing.T) {
 					t.Errorf("%s cost %v tokens, want %v", bs[i].Name, c, want)
 				}
 			}
-			if want := tt.gpus[d.Backend.Index].blocks * 16; d.PrefixTokens != want {
-				t.Errorf("PrefixTokens = %d, want %d", d.PrefixTokens, want)
+			if want := tt.gpus[d.Backend.Index].blocks * 16; d.Cached != want {
+				t.Errorf("Cached = %d, want %d", d.Cached, want)
 			}
 		})
 	}
@@ -535,16 +542,18 @@ func TestPrebleE2(t *testing.T) {
 
 func TestPrebleE2SpreadsHotPrefix(t *testing.T) {
 	bs := backends(4)
-	p := NewPrebleE2(bs, Options{Seed: 1})
+	r := NewRouter(NewPrebleE2(bs, Options{Seed: 1}), nil)
 	system := words(0, 16_000)
 	used := map[string]int{}
-	var flights [][]*fleet.Flight
+	var flights []*Ticket
 	for i := range 80 {
-		d := pick(t, p, &Request{Prompt: system + words(i+1, 400), MaxTokens: 100}, bs)
+		d := route(t, r, &Request{Prompt: system + words(i+1, 400), MaxTokens: 100}, bs)
 		used[d.Backend.Name]++
-		flights = append(flights, hold(d.Backend, 1, d.PromptTokens-d.PrefixTokens, d.PromptTokens+100, false))
+		flights = append(flights, d)
 	}
-	release(flights...)
+	for _, f := range flights {
+		f.Finish(Failed(499))
+	}
 	if len(used) != 4 {
 		t.Errorf("a hot prefix under load used %v", used)
 	}
@@ -572,14 +581,13 @@ func TestPeersConcurrentPicks(t *testing.T) {
 				wg.Go(func() {
 					for i := range 50 {
 						req := &Request{Prompt: system + words(g*100+i, 1000), SessionKey: fmt.Sprint(g), MaxTokens: 10}
-						d, err := p.Pick(req, bs)
+						d, err := p.Route(req, bs)
 						if err != nil {
 							t.Error(err)
 							return
 						}
-						f := d.Backend.Start(d.PromptTokens-d.PrefixTokens, d.PromptTokens+d.OutputTokens)
-						f.FirstToken()
-						f.Done()
+						d.FirstToken()
+						d.Finish(Failed(499))
 					}
 				})
 			}
@@ -595,13 +603,13 @@ func TestPeersAreDeterministic(t *testing.T) {
 			bs := backends(5)
 			p, _ := New(name, bs, Options{Seed: 7})
 			h := xxhash.New()
-			var flights []*fleet.Flight
+			var flights []*Ticket
 			for i := range 200 {
-				d := pick(t, p, &Request{Prompt: words(i%9, 800+i), SessionKey: fmt.Sprint(i % 4)}, bs)
+				d := route(t, p, &Request{Prompt: words(i%9, 800+i), SessionKey: fmt.Sprint(i % 4)}, bs)
 				fmt.Fprintln(h, d.Backend.Name, d.Reason)
-				flights = append(flights, d.Backend.Start(d.PromptTokens-d.PrefixTokens, d.PromptTokens))
+				flights = append(flights, d)
 				if i%2 == 0 {
-					flights[0].Done()
+					flights[0].Finish(Failed(499))
 					flights = flights[1:]
 				}
 			}

@@ -1,7 +1,7 @@
 package router
 
 import (
-	"fmt"
+	"cmp"
 	"strings"
 	"time"
 
@@ -25,51 +25,47 @@ type Options struct {
 	// Now is the policies' clock; nil means time.Now. The simulator passes
 	// its virtual clock.
 	Now func() time.Time
+	// Tokens is the router's prompt-length estimator, which New shares
+	// with the policy; nil means a fresh one.
+	Tokens *Tokens
 }
 
-// Names lists the policies New knows, the default first.
-func Names() []string {
-	return []string{
-		"kvroute", "round-robin", "least-request", "session-hash",
-		"random", "p2c", "session-bounded", "sglang-cache-aware", "dynamo-kv", "llmd-default", "preble-e2",
-	}
+// registry is every policy New knows, the default first: --help, config
+// validation, the bench and the simulator all read this one list.
+var registry = []Spec{
+	{"kvroute", "kvroute's cost model: predicted TTFT from cached prefix, queued prefill, decode load and KV room",
+		func(bs []*fleet.Backend, o Options) Policy {
+			cfg := o.KVRoute
+			cfg.Seed = cmp.Or(cfg.Seed, o.Seed)
+			if cfg.Now == nil {
+				cfg.Now = o.Now
+			}
+			if cfg.Metrics == nil {
+				cfg.Metrics = o.Metrics
+			}
+			if cfg.Tokens == nil {
+				cfg.Tokens = o.Tokens
+			}
+			return NewKVRoute(bs, cfg)
+		}},
+	{"round-robin", "each backend in turn", func([]*fleet.Backend, Options) Policy { return &RoundRobin{} }},
+	{"least-request", "fewest requests in flight, random among ties",
+		func(_ []*fleet.Backend, o Options) Policy { return NewLeastRequest(o.Seed) }},
+	{"session-hash", "consistent hashing of the session key (nginx hash consistent, HAProxy balance hdr)",
+		func(bs []*fleet.Backend, o Options) Policy { return NewSessionHash(bs, o.Seed) }},
+	{"random", "a uniformly random backend", func(_ []*fleet.Backend, o Options) Policy { return NewRandom(o.Seed) }},
+	{"p2c", "power of two choices: the lighter of two random backends",
+		func(_ []*fleet.Backend, o Options) Policy { return NewP2C(o.Seed) }},
+	{"session-bounded", "consistent hashing with bounded loads (Mirrokni et al.)",
+		func(bs []*fleet.Backend, o Options) Policy { return NewSessionBounded(bs, o) }},
+	{"sglang-cache-aware", "SGLang router's cache-aware policy: longest character prefix unless imbalanced",
+		func(_ []*fleet.Backend, o Options) Policy { return NewSGLangCacheAware(o) }},
+	{"dynamo-kv", "NVIDIA Dynamo's KV router cost: prefill blocks + decode blocks",
+		func(bs []*fleet.Backend, o Options) Policy { return NewDynamoKV(bs, o) }},
+	{"llmd-default", "llm-d's default scorers: queue depth, KV utilisation, prefix match",
+		func(bs []*fleet.Backend, o Options) Policy { return NewLLMDDefault(bs, o) }},
+	{"preble-e2", "Preble's E2: exploit a cached prefix longer than the rest, else explore by load",
+		func(bs []*fleet.Backend, o Options) Policy { return NewPrebleE2(bs, o) }},
 }
 
-// New returns the policy called name for a fleet of backends.
-func New(name string, backends []*fleet.Backend, opts Options) (Policy, error) {
-	switch name {
-	case "kvroute":
-		cfg := opts.KVRoute
-		if cfg.Seed == 0 {
-			cfg.Seed = opts.Seed
-		}
-		if cfg.Now == nil {
-			cfg.Now = opts.Now
-		}
-		if cfg.Metrics == nil {
-			cfg.Metrics = opts.Metrics
-		}
-		return NewKVRoute(backends, cfg), nil
-	case "round-robin":
-		return &RoundRobin{}, nil
-	case "least-request":
-		return NewLeastRequest(opts.Seed), nil
-	case "session-hash":
-		return NewSessionHash(backends, opts.Seed), nil
-	case "random":
-		return NewRandom(opts.Seed), nil
-	case "p2c":
-		return NewP2C(opts.Seed), nil
-	case "session-bounded":
-		return NewSessionBounded(backends, opts), nil
-	case "sglang-cache-aware":
-		return NewSGLangCacheAware(opts), nil
-	case "dynamo-kv":
-		return NewDynamoKV(backends, opts), nil
-	case "llmd-default":
-		return NewLLMDDefault(backends, opts), nil
-	case "preble-e2":
-		return NewPrebleE2(backends, opts), nil
-	}
-	return nil, fmt.Errorf("unknown policy %q (have %s)", name, strings.Join(Names(), ", "))
-}
+func names() string { return strings.Join(Names(), ", ") }

@@ -51,7 +51,10 @@ type Request struct {
 	// estimate the length from Prompt or hash its text. The proxy leaves
 	// them zero.
 
-	// PromptTokens, when positive, is the prompt's exact length in tokens.
+	// PromptTokens is the prompt's length in tokens: exact when the caller
+	// counted it (positive before routing); otherwise Router.Route sets its
+	// estimate before the policy picks, so that every policy and the load
+	// accounting work from one number.
 	PromptTokens int
 	// TokenBlocks, when not nil, are the chained hashes of the prompt's
 	// full blocks of TokenBlockSize tokens (as engine.HashTokens makes
@@ -143,19 +146,10 @@ type Decision struct {
 	// Reason says why, in a word: "prefix", "session", "least-cost",
 	// "spill", "round-robin", "least-request", "hash", ...
 	Reason string
-	// PromptTokens is the policy's estimate of the prompt's length in tokens.
-	PromptTokens int
-	// PrefixTokens is how many of them the policy expects the backend to have
-	// cached.
-	PrefixTokens int
-	// OutputTokens is the expected output length in tokens.
-	OutputTokens int
-	// QueuedTokens is the prefill work already queued on the backend when
-	// the request was routed, in tokens (the router's own count).
-	QueuedTokens int
-	// Decoding is the number of requests the router had decoding on the
-	// backend when the request was routed.
-	Decoding int
+	// Cached is how many of the request's prompt tokens the policy expects
+	// the backend to have cached (0 for policies that do not know). The
+	// router counts the rest as prefill queued there until the first token.
+	Cached int
 	// PredictedTTFT is the policy's predicted time to first token; 0 for
 	// policies that do not predict.
 	PredictedTTFT time.Duration
@@ -163,6 +157,10 @@ type Decision struct {
 	// more than 16: the chosen one and the 15 cheapest others); nil for
 	// policies that do not score.
 	Scores []Score
+	// Done, when not nil, is called once with the request's outcome: a
+	// learning policy keeps what it needs to learn from this pick in it, as
+	// gRPC's PickResult.Done does. The Ticket calls it; it must not block.
+	Done func(Outcome)
 }
 
 // Score is one candidate's evaluation by a scoring policy.
@@ -183,14 +181,14 @@ type Policy interface {
 	// Name is the policy's --policy value.
 	Name() string
 	// Pick chooses one of cands: healthy backends that serve req.Model,
-	// never empty, in fleet order.
+	// never empty, in fleet order. req.PromptTokens is set (the Router
+	// estimates it when the caller did not count it).
 	Pick(req *Request, cands []*fleet.Backend) (Decision, error)
 }
 
-// Outcome is what happened to a routed request, as the proxy saw it.
+// Outcome is what happened to a routed request, as its driver (the proxy,
+// the simulator) saw it.
 type Outcome struct {
-	Request  *Request
-	Decision Decision
 	// Status is the backend's HTTP status; 0 if it never answered.
 	Status int
 	// PromptTokens, CachedTokens and CompletionTokens come from the
@@ -204,8 +202,9 @@ type Outcome struct {
 	Tokens int
 }
 
-// Learner is implemented by policies that learn from outcomes. Observe is
-// called once per routed request, after it ended; it must not block.
-type Learner interface {
-	Observe(o Outcome)
+// Failed returns the outcome of an attempt that got no usable answer:
+// the backend was not reached, or answered status (0 when it never did)
+// before any of the response reached the client.
+func Failed(status int) Outcome {
+	return Outcome{Status: status, PromptTokens: -1, CachedTokens: -1, CompletionTokens: -1}
 }

@@ -41,6 +41,41 @@ func pick(t *testing.T, p Policy, req *Request, cands []*fleet.Backend) Decision
 	return d
 }
 
+// route routes req with r and returns its ticket.
+func route(t *testing.T, r *Router, req *Request, cands []*fleet.Backend) *Ticket {
+	t.Helper()
+	tk, err := r.Route(req, cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk
+}
+
+// newKVRouter returns a Router driving a kvroute policy configured by cfg,
+// the two sharing one token estimator as New makes them.
+func newKVRouter(bs []*fleet.Backend, cfg KVRouteConfig) *Router {
+	cfg.Tokens = NewTokens()
+	return NewRouter(NewKVRoute(bs, cfg), cfg.Tokens)
+}
+
+// served is the outcome of a request served in full with cached of its
+// prompt tokens found in the cache.
+func served(prompt, cached int, ttft time.Duration) Outcome {
+	return Outcome{Status: 200, PromptTokens: prompt, CachedTokens: cached, CompletionTokens: 1, TTFT: ttft, Latency: ttft}
+}
+
+// scoreOf returns the score of backend b in d.
+func scoreOf(t *testing.T, d Decision, b *fleet.Backend) Score {
+	t.Helper()
+	for _, s := range d.Scores {
+		if s.Backend == b.Name {
+			return s
+		}
+	}
+	t.Fatalf("no score for %s in %+v", b.Name, d.Scores)
+	return Score{}
+}
+
 func TestRoundRobinCycles(t *testing.T) {
 	bs := backends(3)
 	p := &RoundRobin{}
@@ -110,37 +145,37 @@ func TestSessionHashIsStickyAndConsistent(t *testing.T) {
 
 func TestKVRouteKeepsConversationOnItsBackend(t *testing.T) {
 	bs := backends(4)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
+	r := newKVRouter(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	system := words(0, 2000)
 	for conv := range 20 {
 		turn1 := system + words(conv+1, 3000)
-		d1 := pick(t, p, &Request{Prompt: turn1}, bs)
-		f := d1.Backend.Start(d1.PromptTokens-d1.PrefixTokens, d1.PromptTokens)
-		f.Done()
+		d1 := route(t, r, &Request{Prompt: turn1}, bs)
+		d1.Finish(Failed(499)) // the client went away: nothing learned
 		turn2 := turn1 + words(100+conv, 600)
-		d2 := pick(t, p, &Request{Prompt: turn2}, bs)
+		d2 := route(t, r, &Request{Prompt: turn2}, bs)
+		d2.Finish(Failed(499))
 		if d2.Backend != d1.Backend || d2.Reason != "prefix" {
 			t.Fatalf("conversation %d: turn 1 on %s, turn 2 on %s (%s)", conv, d1.Backend.Name, d2.Backend.Name, d2.Reason)
 		}
-		if d2.PrefixTokens < len(turn1)/4-64 {
-			t.Errorf("conversation %d: predicted %d cached tokens of turn 1's %d", conv, d2.PrefixTokens, len(turn1)/4)
+		if d2.Cached < len(turn1)/4-64 {
+			t.Errorf("conversation %d: predicted %d cached tokens of turn 1's %d", conv, d2.Cached, len(turn1)/4)
 		}
 	}
 }
 
 func TestKVRouteSpreadsHotPrefixWhenItsBackendSaturates(t *testing.T) {
 	bs := backends(4)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
+	r := newKVRouter(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	system := words(0, 16_000) // 4k tokens shared by everyone
-	var flights []*fleet.Flight
+	var flights []*Ticket
 	used := map[string]int{}
 	reasons := map[string]int{}
 	// 120 requests arrive together and none finishes: the first backend's
 	// queue grows until prefilling the prefix elsewhere (and paying the miss
 	// penalty) is cheaper.
 	for i := range 120 {
-		d := pick(t, p, &Request{Prompt: system + words(i+1, 400)}, bs)
-		flights = append(flights, d.Backend.Start(d.PromptTokens-d.PrefixTokens, d.PromptTokens))
+		d := route(t, r, &Request{Prompt: system + words(i+1, 400)}, bs)
+		flights = append(flights, d)
 		used[d.Backend.Name]++
 		reasons[d.Reason]++
 	}
@@ -159,7 +194,7 @@ func TestKVRouteSpreadsHotPrefixWhenItsBackendSaturates(t *testing.T) {
 		t.Errorf("reasons %v: want at least 110 prefix hits", reasons)
 	}
 	for _, f := range flights {
-		f.Done()
+		f.Finish(Failed(499))
 	}
 }
 
@@ -179,18 +214,17 @@ func TestKVRouteTiesBreakRandomly(t *testing.T) {
 
 func TestKVRouteRespectsLoadBound(t *testing.T) {
 	bs := backends(4)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, LoadFactor: 1.5, Now: frozenClock})
+	r := newKVRouter(bs, KVRouteConfig{Seed: 1, LoadFactor: 1.5, Now: frozenClock})
 	prompt := words(0, 40_000)
-	var flights []*fleet.Flight
+	var flights []*Ticket
 	used := map[*fleet.Backend]bool{}
 	for range 40 {
 		// The same long prompt every time: the cache pulls to one backend,
 		// but its queue is fixed at zero (prefill released at once), so only
 		// the bound can move requests elsewhere.
-		d := pick(t, p, &Request{Prompt: prompt}, bs)
-		f := d.Backend.Start(d.PromptTokens-d.PrefixTokens, d.PromptTokens)
-		f.FirstToken()
-		flights = append(flights, f)
+		d := route(t, r, &Request{Prompt: prompt}, bs)
+		d.FirstToken()
+		flights = append(flights, d)
 		used[d.Backend] = true
 		var total int64
 		for _, b := range bs {
@@ -206,13 +240,13 @@ func TestKVRouteRespectsLoadBound(t *testing.T) {
 		t.Errorf("all 40 on one backend: the bound never moved a request")
 	}
 	for _, f := range flights {
-		f.Done()
+		f.Finish(Failed(499))
 	}
 }
 
 func TestKVRouteLearnsPrefillSpeed(t *testing.T) {
 	bs := backends(2)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
+	r := newKVRouter(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	// Backend 1 is three times slower: 10k tokens/s against 30k, with 50 ms
 	// of overhead on both.
 	rates := []float64{30_000, 10_000}
@@ -220,46 +254,54 @@ func TestKVRouteLearnsPrefillSpeed(t *testing.T) {
 		for _, b := range bs {
 			work := float64(500 + (i*997)%8000)
 			ttft := 0.05 + work/rates[b.Index]
-			prompt := words(i, 4*int(work))
-			p.Observe(Outcome{
-				Request:  &Request{Prompt: prompt},
-				Decision: Decision{Backend: b},
-				Status:   200, PromptTokens: int(work), CachedTokens: 0,
-				TTFT: time.Duration(ttft * float64(time.Second)),
-			})
+			// Routed to b alone, finished at once: nothing queued ahead.
+			tk := route(t, r, &Request{Prompt: words(i, 4*int(work))}, []*fleet.Backend{b})
+			tk.Finish(served(int(work), 0, time.Duration(ttft*float64(time.Second))))
 		}
 	}
 	// The pooled fit lies between the two; each backend's slowness relative
 	// to the fleet puts its predictions on its own speed.
-	work := 8000.0
+	work := 8000
+	d := route(t, r, &Request{Prompt: words(999, 4*work)}, bs)
+	d.Finish(Failed(499))
 	var pred [2]float64
 	for _, b := range bs {
-		pred[b.Index] = p.observed[b.Index] / p.predicted[b.Index] * p.pooled.predict(work, 0, 0)
+		pred[b.Index] = scoreOf(t, d.Decision, b).TTFT.Seconds()
 	}
 	t.Logf("predicted %v s for %v tokens", pred, work)
 	if r := pred[1] / pred[0]; r < 2 || r > 3.3 {
-		t.Errorf("predicted %v s for %v tokens: slow/fast %.2f, want about %.2f", pred, work, r, (0.05+work/10_000)/(0.05+work/30_000))
+		t.Errorf("predicted %v s for %v tokens: slow/fast %.2f, want about %.2f", pred, work, r, (0.05+float64(work)/10_000)/(0.05+float64(work)/30_000))
 	}
 	// With equal, empty queues a fresh 4k-token prompt goes to the fast one.
 	for i := range 20 {
-		if d := pick(t, p, &Request{Prompt: words(1000+i, 16_000)}, bs); d.Backend != bs[0] {
+		d := route(t, r, &Request{Prompt: words(1000+i, 16_000)}, bs)
+		d.Finish(Failed(499))
+		if d.Backend != bs[0] {
 			t.Fatalf("picked the slow backend for a long prompt")
 		}
 	}
 }
 
+// A backend whose cache turns out to hold less than the index predicted
+// (it serves other traffic, or its cache is smaller than it says) gets a
+// smaller index: what the index forgets is no longer predicted cached.
 func TestKVRouteShrinksIndexOnMissedPrediction(t *testing.T) {
 	bs := backends(1)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
+	// 2,000 tokens of KV: an index of 31 blocks of 256 bytes, the prompt's.
+	bs[0].SetInfo(&fleet.Info{Models: []string{"m"}, BlockSize: 16, KVBlocks: 125})
+	r := newKVRouter(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	prompt := words(0, 8000)
-	d := pick(t, p, &Request{Prompt: prompt}, bs)
-	d = pick(t, p, &Request{Prompt: prompt}, bs)
-	full := p.index.Capacity(0)
-	// The backend reports no cached tokens where 2,000 were predicted.
-	p.Observe(Outcome{Request: &Request{Prompt: prompt}, Decision: d, Status: 200,
-		PromptTokens: 2000, CachedTokens: 0, TTFT: 100 * time.Millisecond})
-	if got := p.index.Capacity(0); got >= full {
-		t.Errorf("capacity %d after a missed prediction, want below %d", got, full)
+	route(t, r, &Request{Prompt: prompt}, bs).Finish(served(2000, 0, 100*time.Millisecond))
+	before := route(t, r, &Request{Prompt: prompt}, bs)
+	if before.Cached < 1900 {
+		t.Fatalf("predicted %d cached tokens of a prompt just served, want its 31 blocks", before.Cached)
+	}
+	// The backend reports no cached tokens where 1,984 were predicted.
+	before.Finish(served(2000, 0, 100*time.Millisecond))
+	after := route(t, r, &Request{Prompt: prompt}, bs)
+	after.Finish(Failed(499))
+	if after.Cached >= before.Cached {
+		t.Errorf("predicted %d cached tokens after a missed prediction, want fewer than %d", after.Cached, before.Cached)
 	}
 }
 
@@ -326,20 +368,23 @@ func TestKVRouteAvoidsBusyDecoders(t *testing.T) {
 
 func TestKVRouteForgetsPromptOfFailedRequest(t *testing.T) {
 	bs := backends(2)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
+	r := newKVRouter(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	prompt := words(0, 8000)
-	d := pick(t, p, &Request{Prompt: prompt}, bs)
-	p.Observe(Outcome{Request: &Request{Prompt: prompt}, Decision: d, Status: 0, PromptTokens: -1, CachedTokens: -1})
-	if n := p.index.Len(d.Backend.Index); n != 0 {
-		t.Errorf("the index still holds %d blocks of a prompt the backend never saw", n)
+	d := route(t, r, &Request{Prompt: prompt}, bs)
+	d.Finish(Failed(0))
+	again := route(t, r, &Request{Prompt: prompt}, bs)
+	again.Finish(Failed(499))
+	if s := scoreOf(t, again.Decision, d.Backend); s.Cached != 0 {
+		t.Errorf("%s is still predicted to hold %d tokens of a prompt it never saw", d.Backend.Name, s.Cached)
 	}
 }
 
 func TestKVRouteWaitsForKVMemory(t *testing.T) {
 	bs := backends(2) // 400k tokens of KV each
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
+	r := newKVRouter(bs, KVRouteConfig{Seed: 1, Now: frozenClock})
 	prompt := words(0, 40_000) // about 10k tokens
-	d := pick(t, p, &Request{Prompt: prompt}, bs)
+	d := route(t, r, &Request{Prompt: prompt}, bs)
+	d.Finish(Failed(499))
 	cached := d.Backend
 	other := bs[1-cached.Index]
 	// The cached backend's requests need 600k tokens of KV, 200k more than
@@ -347,13 +392,16 @@ func TestKVRouteWaitsForKVMemory(t *testing.T) {
 	// compute): the prompt would wait for a third of the cache to drain.
 	f := cached.Start(0, 600_000)
 	f.FirstToken()
-	if d := pick(t, p, &Request{Prompt: prompt, MaxTokens: 500}, bs); d.Backend != other {
+	if d := route(t, r, &Request{Prompt: prompt, MaxTokens: 500}, bs); d.Backend != other {
 		t.Errorf("went to %s (%s) although its KV is oversubscribed; cost %+v", d.Backend.Name, d.Reason, d.Scores)
+	} else {
+		d.Finish(Failed(499))
 	}
 	f.Done()
 	// With room again, the prefix wins (both hold it now).
-	if d := pick(t, p, &Request{Prompt: prompt, MaxTokens: 500}, bs); d.PrefixTokens < d.PromptTokens/2 {
-		t.Errorf("with free KV the cached prefix should win, went to %s with %d of %d tokens cached", d.Backend.Name, d.PrefixTokens, d.PromptTokens)
+	req := &Request{Prompt: prompt, MaxTokens: 500}
+	if d := route(t, r, req, bs); d.Cached < req.PromptTokens/2 {
+		t.Errorf("with free KV the cached prefix should win, went to %s with %d of %d tokens cached", d.Backend.Name, d.Cached, req.PromptTokens)
 	}
 }
 
@@ -365,25 +413,23 @@ func TestKVRouteWaitsForKVMemory(t *testing.T) {
 func TestKVRouteDrainsQueuedPrefill(t *testing.T) {
 	bs := backends(2)
 	now := time.Unix(1000, 0)
-	p := NewKVRoute(bs, KVRouteConfig{Seed: 1, Now: func() time.Time { return now }})
-	start := func(b *fleet.Backend, d Decision) *fleet.Flight {
-		return b.Start(d.PromptTokens-d.PrefixTokens, d.PromptTokens)
-	}
+	r := newKVRouter(bs, KVRouteConfig{Seed: 1, Now: func() time.Time { return now }})
 	// 30k tokens at the prior's 30k tokens/s, and as much again for
 	// attention: 1.5 s of prefill.
-	first := pick(t, p, &Request{Prompt: words(1, 4*30_000)}, bs)
-	defer start(first.Backend, first).Done()
+	first := route(t, r, &Request{Prompt: words(1, 4*30_000)}, bs)
+	defer first.Finish(Failed(499))
 	other := bs[1-first.Backend.Index]
 	now = now.Add(1400 * time.Millisecond)
-	second := pick(t, p, &Request{Prompt: words(2, 4*20_000)}, bs)
+	second := route(t, r, &Request{Prompt: words(2, 4*20_000)}, bs)
 	if second.Backend != other {
 		t.Fatalf("20k-token prompt went to %s, behind 0.1 s of prefill, not to the idle %s", second.Backend.Name, other.Name)
 	}
-	defer start(second.Backend, second).Done()
+	defer second.Finish(Failed(499))
 	now = now.Add(200 * time.Millisecond)
 	// Counted: 30k tokens unanswered on the first, 20k on the other.
 	// Left: nothing on the first, 0.7 s on the other.
-	third := pick(t, p, &Request{Prompt: words(3, 4*10_000)}, bs)
+	third := route(t, r, &Request{Prompt: words(3, 4*10_000)}, bs)
+	defer third.Finish(Failed(499))
 	if third.Backend != first.Backend {
 		t.Errorf("10k-token prompt went to %s (scores %+v), want %s whose prompt is done", third.Backend.Name, third.Scores, first.Backend.Name)
 	}

@@ -51,12 +51,18 @@ func runDigest(t *testing.T, cfg Config) map[string]uint64 {
 // chat workload (two router replicas) and on the Mooncake excerpt are
 // those recorded here. A change that means to alter a policy updates its
 // line and says why in its commit.
+//
+// Changed once, with the ticket: dynamo-kv on chat (text prompts), because
+// every policy now reads the router's one token estimate (bytes per token
+// learned from the backends' usage) where the peers used 4 bytes a token;
+// Dynamo tokenizes, so the learned estimate is the nearer to it (same
+// workload at 60 s: hit rate 69.4 → 69.3 %, TTFT p99 613 → 507 ms).
 func TestDecisionsUnchanged(t *testing.T) {
 	policies := router.Names()
 	chat := Config{Workload: chatWorkload(t, 60), Backends: 4, Routers: 2, Profile: profile(t),
 		Policies: policies, Seed: 5}
 	check(t, "chat", runDigest(t, chat), map[string]uint64{
-		"dynamo-kv": 0xb4b69db51939d0d2, "kvroute": 0xf49644adf49e6190, "least-request": 0x45da9dda68fc747b,
+		"dynamo-kv": 0x32a1360d26d45f8a, "kvroute": 0xf49644adf49e6190, "least-request": 0x45da9dda68fc747b,
 		"llmd-default": 0x502c9237514f92d, "p2c": 0x7ae85ccd31ee4a91, "preble-e2": 0x130ca9072bcd8671,
 		"random": 0x172767a325ad8df0, "round-robin": 0x57ff69c810894231, "session-bounded": 0x98181a867e1dac0d,
 		"session-hash": 0xe35a22d9d7be21ed, "sglang-cache-aware": 0xc029dc1a5249b18d,

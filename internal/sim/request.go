@@ -11,7 +11,6 @@ import (
 	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
-	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/tokenizer"
 	"github.com/kvroute/kvroute/internal/workload"
@@ -23,8 +22,7 @@ import (
 type flight struct {
 	req     engine.Request // ID is the flight's index in simulation.flights
 	rreq    router.Request
-	d       router.Decision
-	fl      *fleet.Flight
+	t       *router.Ticket
 	session int32
 	replica int32
 	sent    time.Duration
@@ -116,7 +114,7 @@ func (s *simulation) newFlight() *flight {
 }
 
 func (s *simulation) release(f *flight) {
-	f.rreq, f.d, f.fl, f.reply = router.Request{}, router.Decision{}, nil, ""
+	f.rreq, f.t, f.reply = router.Request{}, nil, ""
 	s.free = append(s.free, int32(f.req.ID))
 }
 
@@ -163,29 +161,25 @@ func (s *simulation) send(i int) {
 		f.replica = int32(s.split.IntN(len(s.replicas)))
 	}
 	rep := s.replicas[f.replica]
-	d, err := rep.policy.Pick(&f.rreq, rep.backends)
-	if err == nil && d.Backend == nil {
-		err = errors.New("the policy chose no backend")
-	}
+	t, err := rep.router.Route(&f.rreq, rep.backends)
 	if err != nil {
-		s.fail(f, nil, 0, err)
+		s.fail(f, 0, err)
 		return
 	}
-	f.d = d
-	f.fl = d.Backend.Start(d.PromptTokens-d.PrefixTokens, d.PromptTokens+d.OutputTokens)
-	sv := &s.servers[d.Backend.Index]
+	f.t = t
+	sv := &s.servers[t.Backend.Index]
 	if f.req.PromptLen+f.req.MaxTokens > s.cfg.Profile.MaxModelLen {
-		s.fail(f, rep, http.StatusBadRequest, errTooLong)
+		s.fail(f, http.StatusBadRequest, errTooLong)
 		return
 	}
-	s.cut(d.Backend.Index)
+	s.cut(t.Backend.Index)
 	if err := sv.eng.Add(s.now, &f.req); err != nil {
-		s.fail(f, rep, http.StatusBadRequest, fmt.Errorf("status 400: %w", err))
+		s.fail(f, http.StatusBadRequest, fmt.Errorf("status 400: %w", err))
 		return
 	}
 	if !sv.stepping {
 		sv.stepping = true
-		s.q.push(s.now, evStepStart, int32(d.Backend.Index))
+		s.q.push(s.now, evStepStart, int32(t.Backend.Index))
 	}
 }
 
@@ -216,18 +210,14 @@ func tokenHashes(dst []uint64, t *workload.Turn, tile int32, blockSize int) []ui
 }
 
 // fail ends a request that never ran: no backend, or one that refused it.
-func (s *simulation) fail(f *flight, rep *replica, status int, err error) {
+func (s *simulation) fail(f *flight, status int, err error) {
 	i := int(f.session)
 	ss := &s.sessions[i]
 	res := bench.Result{Session: int(s.order[i].base), Turn: int(ss.turn), Status: status,
 		Heavy: s.turnOf(i).Heavy, Sent: f.sent, Err: err, Error: err.Error()}
-	if f.fl != nil {
-		f.fl.Done()
-		res.Backend, res.Route = f.d.Backend.Name, f.d.Reason
-		if rep.learner != nil {
-			rep.learner.Observe(router.Outcome{Request: &f.rreq, Decision: f.d, Status: status,
-				PromptTokens: -1, CachedTokens: -1, CompletionTokens: -1})
-		}
+	if f.t != nil {
+		res.Backend, res.Route = f.t.Backend.Name, f.t.Reason
+		f.t.Finish(router.Failed(status))
 	}
 	s.record(res)
 	s.release(f)
@@ -238,20 +228,16 @@ func (s *simulation) fail(f *flight, rep *replica, status int, err error) {
 // releases its load and learns the outcome, the client records it and sends
 // the session's next turn after its think time.
 func (s *simulation) finish(f *flight) {
-	f.fl.Done()
 	r := &f.req
 	ttft, e2e := f.first-f.sent, s.now-f.sent
-	rep := s.replicas[f.replica]
-	if rep.learner != nil {
-		rep.learner.Observe(router.Outcome{Request: &f.rreq, Decision: f.d, Status: http.StatusOK,
-			PromptTokens: r.PromptLen, CachedTokens: r.CachedTokens, CompletionTokens: r.Output,
-			TTFT: ttft, Latency: e2e, Tokens: r.Output})
-	}
+	f.t.Finish(router.Outcome{Status: http.StatusOK,
+		PromptTokens: r.PromptLen, CachedTokens: r.CachedTokens, CompletionTokens: r.Output,
+		TTFT: ttft, Latency: e2e, Tokens: r.Output})
 	i := int(f.session)
 	ss := &s.sessions[i]
 	res := bench.Result{
 		Session: int(s.order[i].base), Turn: int(ss.turn), Heavy: s.turnOf(i).Heavy,
-		Backend: f.d.Backend.Name, Route: f.d.Reason, Status: http.StatusOK,
+		Backend: f.t.Backend.Name, Route: f.t.Reason, Status: http.StatusOK,
 		Sent: f.sent, TTFT: ttft, E2E: e2e, ServerTTFT: r.FirstToken - r.Arrival,
 		PromptTokens: r.PromptLen, CachedTokens: r.CachedTokens, CompletionTokens: r.Output,
 	}

@@ -4,9 +4,9 @@
 // bench`.
 //
 // Every server is an unchanged engine.Engine, the model the emulator serves;
-// every router replica is an unchanged router.Policy, driven the way the
-// proxy drives it: Pick, fleet.Backend.Start, Flight.FirstToken at the first
-// token, Flight.Done and Learner.Observe at the end. Only the clock differs:
+// every router replica is an unchanged router.Router, driven the way the
+// proxy drives it: Route for a ticket, Ticket.FirstToken at the first token,
+// Ticket.Finish at the end. Only the clock differs:
 // instead of sleeping for a step's modelled duration, the simulator jumps to
 // the moment the next thing happens. So what it says about a policy at a
 // scale no machine here can emulate is about that policy's code.
@@ -219,12 +219,11 @@ type server struct {
 	samples  []bench.LoadSample
 }
 
-// replica is one router replica: a policy instance with its own view of
-// the servers (its own fleet.Backend objects, so its own in-flight counts)
-// and its own copy of their scraped metrics.
+// replica is one router replica: a router (policy instance) with its own
+// view of the servers (its own fleet.Backend objects, so its own in-flight
+// counts) and its own copy of their scraped metrics.
 type replica struct {
-	policy      router.Policy
-	learner     router.Learner
+	router      *router.Router
 	backends    []*fleet.Backend
 	metrics     []fleet.Metrics
 	scraped     []time.Duration // virtual time of each server's last scrape
@@ -313,12 +312,11 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		if b := cfg.Profile.BlockSize * router.TokenBytes; b > prefix.DefaultBlockBytes {
 			opts.KVRoute.BlockBytes = b
 		}
-		p, err := router.New(policy, rep.backends, opts)
+		r, err := router.New(policy, rep.backends, opts)
 		if err != nil {
 			return nil, err
 		}
-		rep.policy = p
-		rep.learner, _ = p.(router.Learner)
+		rep.router = r
 		s.replicas = append(s.replicas, rep)
 	}
 	s.order = sessionOrder(cfg)
@@ -463,7 +461,7 @@ func (s *simulation) endStep(i int) {
 			f := s.flights[r.ID]
 			if r.Output == 1 {
 				f.first = s.now
-				f.fl.FirstToken()
+				f.t.FirstToken()
 			}
 			if r.State == engine.StateFinished {
 				s.finish(f)
