@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/openai"
 )
 
 var _ http.Handler = (*Server)(nil)
@@ -40,11 +41,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.metrics.handler.ServeHTTP(w, r)
 		}
 	default:
-		writeError(w, &apiError{
-			status:  http.StatusNotFound,
-			message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path),
-			typ:     "invalid_request_error",
-			code:    "not_found",
+		writeError(w, &openai.Error{
+			Status:  http.StatusNotFound,
+			Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path),
+			Type:    openai.TypeInvalidRequest,
+			Code:    "not_found",
 		})
 	}
 }
@@ -57,11 +58,11 @@ func allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
 		}
 	}
 	w.Header().Set("Allow", strings.Join(methods, ", "))
-	writeError(w, &apiError{
-		status:  http.StatusMethodNotAllowed,
-		message: fmt.Sprintf("method %s is not allowed on %s; use %s", r.Method, r.URL.Path, strings.Join(methods, " or ")),
-		typ:     "invalid_request_error",
-		code:    "method_not_allowed",
+	writeError(w, &openai.Error{
+		Status:  http.StatusMethodNotAllowed,
+		Message: fmt.Sprintf("method %s is not allowed on %s; use %s", r.Method, r.URL.Path, strings.Join(methods, " or ")),
+		Type:    openai.TypeInvalidRequest,
+		Code:    "method_not_allowed",
 	})
 	return false
 }
@@ -119,14 +120,14 @@ type exchange struct {
 }
 
 // prepare checks the fields shared by both endpoints.
-func (s *Server) prepare(model string, n *int, stream bool, opts *streamOptions, chat bool, limits ...namedLimit) (*exchange, *apiError) {
+func (s *Server) prepare(model string, n *int, stream bool, opts *streamOptions, chat bool, limits ...namedLimit) (*exchange, *openai.Error) {
 	if model != "" && model != s.model {
-		return nil, &apiError{
-			status:  http.StatusNotFound,
-			message: fmt.Sprintf("The model `%s` does not exist.", model),
-			typ:     "invalid_request_error",
-			param:   "model",
-			code:    "model_not_found",
+		return nil, &openai.Error{
+			Status:  http.StatusNotFound,
+			Message: fmt.Sprintf("The model `%s` does not exist.", model),
+			Type:    openai.TypeInvalidRequest,
+			Param:   "model",
+			Code:    "model_not_found",
 		}
 	}
 	maxTokens, e := checkCommon(n, limits...)
@@ -175,22 +176,22 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, x *exchange, prom
 }
 
 // submitError maps an error of Server.submit to the client's error.
-func submitError(err error) *apiError {
+func submitError(err error) *openai.Error {
 	switch {
 	case errors.Is(err, errStopped):
 		return unavailable()
 	case errors.Is(err, engine.ErrTooLong):
-		return &apiError{status: http.StatusBadRequest, message: err.Error(),
-			typ: "invalid_request_error", code: "context_length_exceeded"}
+		return &openai.Error{Status: http.StatusBadRequest, Message: err.Error(),
+			Type: openai.TypeInvalidRequest, Code: "context_length_exceeded"}
 	case errors.Is(err, engine.ErrInvalid):
 		return badRequest("", "%v", err)
 	}
-	return &apiError{status: http.StatusInternalServerError, message: err.Error(), typ: "server_error"}
+	return &openai.Error{Status: http.StatusInternalServerError, Message: err.Error(), Type: openai.TypeServer}
 }
 
-func unavailable() *apiError {
-	return &apiError{status: http.StatusServiceUnavailable, message: "the server is shutting down",
-		typ: "server_error", code: "service_unavailable"}
+func unavailable() *openai.Error {
+	return &openai.Error{Status: http.StatusServiceUnavailable, Message: "the server is shutting down",
+		Type: openai.TypeServer, Code: "service_unavailable"}
 }
 
 // respond waits for the whole output and writes a non-streaming response. It
@@ -253,7 +254,7 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *call, x *
 		if err != nil {
 			s.abort(c)
 			if errors.Is(err, errStopped) {
-				buf = appendErrorEvent(buf[:0], unavailable())
+				buf = unavailable().AppendEvent(buf[:0])
 				buf = append(buf, "data: [DONE]\n\n"...)
 				_, _ = w.Write(buf)
 				_ = rc.Flush()
