@@ -17,8 +17,14 @@ import (
 
 var _ http.Handler = (*Server)(nil)
 
-// ServeHTTP serves the OpenAI-compatible API, /health and /metrics.
+// ServeHTTP serves the OpenAI-compatible API, /health, /metrics and, if
+// Config.Admin is set, /admin/faults.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.apiKey && r.Method != http.MethodOptions && needsKey(r.URL.Path) && !s.authorized(r) {
+		s.injected(faultUnauthorized)
+		writeError(w, unauthorized())
+		return
+	}
 	switch r.URL.Path {
 	case "/v1/chat/completions":
 		if allow(w, r, http.MethodPost) {
@@ -40,14 +46,24 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if allow(w, r, http.MethodGet, http.MethodHead) {
 			s.metrics.handler.ServeHTTP(w, r)
 		}
+	case "/admin/faults":
+		if s.admin {
+			s.handleAdminFaults(w, r)
+			return
+		}
+		s.notFound(w, r)
 	default:
-		writeError(w, &openai.Error{
-			Status:  http.StatusNotFound,
-			Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path),
-			Type:    openai.TypeInvalidRequest,
-			Code:    "not_found",
-		})
+		s.notFound(w, r)
 	}
+}
+
+func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
+	writeError(w, &openai.Error{
+		Status:  http.StatusNotFound,
+		Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path),
+		Type:    openai.TypeInvalidRequest,
+		Code:    "not_found",
+	})
 }
 
 // allow reports whether r's method is one of methods, answering 405 if not.
@@ -68,6 +84,10 @@ func allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	f := s.Faults()
+	if s.beforeHeaders(w, r, &f) {
+		return
+	}
 	var req chatRequest
 	if e := decodeBody(w, r, &req); e != nil {
 		writeError(w, e)
@@ -85,10 +105,15 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
+	x.faults = f
 	s.serve(w, r, x, prompt, "messages")
 }
 
 func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
+	f := s.Faults()
+	if s.beforeHeaders(w, r, &f) {
+		return
+	}
 	var req completionRequest
 	if e := decodeBody(w, r, &req); e != nil {
 		writeError(w, e)
@@ -105,6 +130,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
+	x.faults = f
 	s.serve(w, r, x, prompt, "prompt")
 }
 
@@ -117,6 +143,7 @@ type exchange struct {
 	includeUsage bool
 	maxTokens    *int // nil: natural length
 	chunks       chunker
+	faults       Faults // in force when the request arrived
 }
 
 // prepare checks the fields shared by both endpoints.
@@ -197,6 +224,7 @@ func unavailable() *openai.Error {
 // respond waits for the whole output and writes a non-streaming response. It
 // reports whether the request completed.
 func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x *exchange) bool {
+	cut, hang := cutAfter(&x.faults, len(c.pieces))
 	for have := 0; have < c.total; {
 		n, err := s.await(ctx, c, have)
 		if err != nil {
@@ -207,6 +235,17 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x 
 			return false
 		}
 		have = n
+		if cut > 0 && have >= cut {
+			s.abort(c)
+			if !hang {
+				s.die()
+			}
+			s.injected(faultHangAfterFirst)
+			if s.hang(ctx) {
+				writeError(w, unavailable())
+			}
+			return false
+		}
 	}
 	text := strings.Join(c.pieces, "")
 	h := w.Header()
@@ -248,6 +287,7 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *call, x *
 		s.abort(c)
 		return false
 	}
+	cut, hang := cutAfter(&x.faults, len(c.pieces))
 	buf := make([]byte, 0, 1024)
 	for have := 0; have < c.total; {
 		n, err := s.await(ctx, c, have)
@@ -265,10 +305,16 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *call, x *
 		if have == 0 {
 			buf = x.chunks.start(buf)
 		}
+		if cut > 0 {
+			n = min(n, cut)
+		}
 		for i := have; i < n && i < len(c.pieces); i++ {
 			buf = x.chunks.token(buf, c.pieces[i])
 		}
 		have = n
+		if have == cut {
+			return s.cutStream(ctx, w, rc, c, buf, hang)
+		}
 		if have == c.total {
 			buf = x.chunks.finish(buf, c.finishReason())
 			if x.includeUsage {
@@ -290,13 +336,44 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *call, x *
 	return true
 }
 
+// cutStream writes and flushes buf, the stream's last content, takes c out
+// of the engine, and then stalls until the request ends (hang) or closes the
+// connection without the terminating chunk. It reports false: the request
+// did not complete.
+func (s *Server) cutStream(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, c *call, buf []byte, hang bool) bool {
+	_, err := w.Write(buf)
+	if err == nil {
+		err = rc.Flush()
+	}
+	s.abort(c)
+	if err != nil {
+		return false
+	}
+	if !hang {
+		s.die()
+	}
+	s.injected(faultHangAfterFirst)
+	if s.hang(ctx) {
+		_, _ = w.Write(append(unavailable().AppendEvent(buf[:0]), "data: [DONE]\n\n"...))
+		_ = rc.Flush()
+	}
+	return false
+}
+
 // handleHealth answers 200 with an empty body, as vLLM does, until the
-// driver stops.
+// driver stops; 503 with the health_fail fault.
 func (s *Server) handleHealth(w http.ResponseWriter) {
 	select {
 	case <-s.stopped:
 		writeError(w, unavailable())
 	default:
+		if s.faults.Load().HealthFail {
+			s.injected(faultHealth)
+			writeError(w, &openai.Error{Status: http.StatusServiceUnavailable,
+				Message: "the server is unhealthy (injected fault)", Type: openai.TypeServer,
+				Code: "service_unavailable"})
+			return
+		}
 		w.WriteHeader(http.StatusOK)
 	}
 }
