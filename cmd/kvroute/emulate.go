@@ -47,6 +47,9 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 		maxBatchedTokens int
 		timeScale        float64
 		seed             uint64
+		faults           emulator.Faults
+		apiKey           string
+		admin            bool
 	)
 	fs.StringVar(&cfg.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&cfg.port, "port", 8001, "port of the first replica; replica i listens on port+i (0: any free port)")
@@ -61,10 +64,23 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 	fs.Float64Var(&timeScale, "time-scale", 1, "wall seconds per model second: 1 is real time, 0.1 ten times faster")
 	fs.Uint64Var(&seed, "seed", 0, "seed of the generated outputs (equal seeds give equal replies)")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
+	fs.BoolVar(&faults.Hang, "fault-hang", false, "fault: chat and completion requests never answer, not even headers (/health stays 200)")
+	fs.BoolVar(&faults.HangAfterFirst, "fault-hang-after-first", false, "fault: responses send their first token, then stall forever with the connection open")
+	fs.Float64Var(&faults.Rate500, "fault-500-rate", 0, "fault: fraction of requests, 0 to 1, answered with a 500 server_error (drawn from --seed)")
+	fs.Float64Var(&faults.Rate429, "fault-429-rate", 0, "fault: fraction of requests, 0 to 1, answered with a 429 and a Retry-After header")
+	fs.IntVar(&faults.RetryAfter, "fault-retry-after", 1, "Retry-After of the injected 429s, in seconds")
+	fs.IntVar(&faults.DieAfterTokens, "fault-die-after-tokens", 0, "fault: cut every response after this many tokens, closing the connection without the final chunk (0: never)")
+	fs.Float64Var(&faults.Slow, "fault-slow", 1, "fault: every engine step takes this many times its modelled time (1: normal)")
+	fs.BoolVar(&faults.HealthFail, "fault-health-fail", false, "fault: GET /health answers 503")
+	fs.StringVar(&apiKey, "api-key", "", "require the header Authorization: Bearer `KEY` on every /v1 request, as vLLM's --api-key (/health and /metrics stay open)")
+	fs.BoolVar(&admin, "admin", true, "serve GET and PUT /admin/faults (the faults as JSON) to loopback clients only")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute emulate [flags]\n\n"+
 			"Serves emulated vLLM servers: the OpenAI API (/v1/chat/completions, /v1/completions,\n"+
-			"/v1/models), /health and /metrics, with tokens paced by the engine model.\n\nFlags:\n")
+			"/v1/models), /health and /metrics, with tokens paced by the engine model.\n"+
+			"Each replica prints `listening replica=I url=URL` on stdout once it accepts connections.\n"+
+			"The --fault-* flags inject failures into every replica; with --admin,\n"+
+			"GET and PUT /admin/faults read and replace a replica's faults at runtime.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -119,11 +135,15 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 	case !(timeScale > 0):
 		return cfg, fmt.Errorf("--time-scale must be positive, got %v", timeScale)
 	}
-	cfg.server = emulator.Config{Model: model, Profile: p, TimeScale: timeScale, Seed: seed}
+	if err := faults.Validate(); err != nil {
+		return cfg, err
+	}
+	cfg.server = emulator.Config{Model: model, Profile: p, TimeScale: timeScale, Seed: seed,
+		Faults: faults, APIKey: apiKey, Admin: admin}
 	return cfg, nil
 }
 
-func runEmulate(args []string, _, stderr io.Writer) int {
+func runEmulate(args []string, stdout, stderr io.Writer) int {
 	cfg, err := parseEmulateFlags(args, stderr)
 	if code, ok := flagsDone("emulate", err, stderr); !ok {
 		return code
@@ -131,7 +151,13 @@ func runEmulate(args []string, _, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
 	ctx, stop := signalContext()
 	defer stop()
-	if err := emulate(ctx, cfg, log, nil); err != nil {
+	// Tests and scripts that start with --port 0 read the addresses here.
+	ready := func(urls []string) {
+		for i, u := range urls {
+			fmt.Fprintf(stdout, "listening replica=%d url=%s\n", i, u)
+		}
+	}
+	if err := emulate(ctx, cfg, log, ready); err != nil {
 		log.Error("emulate failed", "err", err)
 		return 1
 	}
@@ -195,7 +221,8 @@ func emulate(ctx context.Context, cfg emulateConfig, log *slog.Logger, ready fun
 		p := r.srv.Profile()
 		log.Info("emulating vLLM", "replica", i, "url", r.url, "model", r.srv.Model(),
 			"profile", p.Name, "kv_blocks", p.Blocks(), "block_size", p.BlockSize,
-			"max_num_seqs", p.MaxNumSeqs, "max_model_len", p.MaxModelLen, "time_scale", cfg.server.TimeScale)
+			"max_num_seqs", p.MaxNumSeqs, "max_model_len", p.MaxModelLen, "time_scale", cfg.server.TimeScale,
+			"faults", r.srv.Faults(), "api_key", cfg.server.APIKey != "", "admin", cfg.server.Admin)
 		urls[i] = r.url
 	}
 	if ready != nil {

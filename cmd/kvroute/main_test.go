@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/emulator"
 )
 
 func TestRun(t *testing.T) {
@@ -90,6 +92,23 @@ func TestParseEmulateFlags(t *testing.T) {
 					t.Errorf("max_model_len %d, want 4000", got)
 				}
 			}},
+		{name: "faults", args: []string{"--fault-hang", "--fault-hang-after-first", "--fault-500-rate", "0.25",
+			"--fault-429-rate", "0.5", "--fault-retry-after", "3", "--fault-die-after-tokens", "5",
+			"--fault-slow", "2", "--fault-health-fail", "--api-key", "k", "--admin=false"},
+			check: func(t *testing.T, c emulateConfig) {
+				want := emulator.Faults{Hang: true, HangAfterFirst: true, Rate500: 0.25, Rate429: 0.5,
+					RetryAfter: 3, DieAfterTokens: 5, Slow: 2, HealthFail: true}
+				if c.server.Faults != want || c.server.APIKey != "k" || c.server.Admin {
+					t.Errorf("%+v", c.server)
+				}
+			}},
+		{name: "no faults by default, admin on", args: nil, check: func(t *testing.T, c emulateConfig) {
+			if f := c.server.Faults; f != (emulator.Faults{RetryAfter: 1, Slow: 1}) || !c.server.Admin || c.server.APIKey != "" {
+				t.Errorf("%+v", c.server)
+			}
+		}},
+		{name: "fault rate above 1", args: []string{"--fault-500-rate", "1.5"}, wantErr: "rate_500"},
+		{name: "fault rates sum above 1", args: []string{"--fault-500-rate", "0.5", "--fault-429-rate", "0.6"}, wantErr: "exceed 1"},
 		{name: "zero kv blocks", args: []string{"--kv-blocks", "0"}, wantErr: "--kv-blocks must be positive"},
 		{name: "negative seqs", args: []string{"--max-num-seqs", "-1"}, wantErr: "--max-num-seqs must be positive"},
 		{name: "zero replicas", args: []string{"--replicas", "0"}, wantErr: "--replicas"},

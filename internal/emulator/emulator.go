@@ -9,7 +9,12 @@
 // its next turn hits the prefix cache as it would on vLLM.
 //
 // Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming and
-// not), GET /v1/models, GET /health and GET /metrics (vLLM metric names).
+// not), GET /v1/models, GET /health and GET /metrics (vLLM metric names),
+// and, with Config.Admin, GET and PUT /admin/faults.
+//
+// A Server can inject faults (see Faults): hangs, 500s and 429s at a seeded
+// rate, streams cut after N tokens, slow steps and a failing /health; and,
+// like vLLM's --api-key, require a bearer token under /v1.
 //
 // Beyond what vLLM sends, responses carry the request's model-time latencies
 // (seconds, as decimals) in X-Kvroute-Model-Ttft (time to first token) and
@@ -20,10 +25,12 @@ package emulator
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,6 +73,17 @@ type Config struct {
 	Logger *slog.Logger
 	// Clock is the wall clock; nil means the system clock.
 	Clock Clock
+
+	// Faults are the failures injected from the start (none by default);
+	// Server.SetFaults and PUT /admin/faults change them. The fault rates
+	// draw from a source seeded by Seed, so a run is reproducible.
+	Faults Faults
+	// APIKey, if set, is the bearer token every request under /v1 must
+	// carry, as with vLLM's --api-key; /health and /metrics stay open.
+	APIKey string
+	// Admin serves GET and PUT /admin/faults (the faults as JSON) to
+	// clients on loopback addresses; others get 403.
+	Admin bool
 }
 
 // Server is one emulated vLLM server: an http.Handler for the OpenAI API plus
@@ -90,6 +108,13 @@ type Server struct {
 	// mnow is the latest model time handed to the engine by Add or Step;
 	// the next step never starts before it.
 	mnow time.Duration
+
+	faults     atomic.Pointer[Faults]
+	faultMu    sync.Mutex // guards faultRand
+	faultRand  *rand.Rand
+	apiKey     bool     // requests under /v1 must carry the key
+	apiKeyHash [32]byte // SHA-256 of the key
+	admin      bool
 
 	wake    chan struct{} // cap 1: work arrived or left
 	stopped chan struct{} // closed when Run returns
@@ -177,6 +202,18 @@ func New(cfg Config) (*Server, error) {
 		wake:    make(chan struct{}, 1),
 		stopped: make(chan struct{}),
 	}
+	if err := cfg.Faults.Validate(); err != nil {
+		return nil, err
+	}
+	s.faults.Store(&cfg.Faults)
+	// The fault draws get their own stream so that they do not depend on
+	// how many other random numbers the server used.
+	s.faultRand = rand.New(rand.NewPCG(cfg.Seed, 0x6661756c7473))
+	if cfg.APIKey != "" {
+		s.apiKey = true
+		s.apiKeyHash = sha256.Sum256([]byte(cfg.APIKey))
+	}
+	s.admin = cfg.Admin
 	s.metrics = newMetrics(s)
 	return s, nil
 }
@@ -210,6 +247,7 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}
 		res := s.eng.Step(s.stepStart(lastEnd))
+		res.End = s.slowed(res.Start, res.End)
 		events = s.collect(events[:0], res)
 		s.mu.Unlock()
 

@@ -8,32 +8,18 @@ import (
 	"github.com/kvroute/kvroute/internal/openai"
 )
 
-// apiError is an error the client gets as an OpenAI-shaped JSON body:
-// {"error": {"message", "type", "param", "code"}}.
-type apiError struct {
-	status  int
-	message string
-	typ     string
-	param   string // the offending request field, if known
-	code    string // machine-readable reason, if any
-}
-
-func (e *apiError) Error() string { return e.message }
-
 // badRequest is a 400 invalid_request_error about param.
-func badRequest(param, format string, args ...any) *apiError {
-	return &apiError{
-		status:  http.StatusBadRequest,
-		message: fmt.Sprintf(format, args...),
-		typ:     "invalid_request_error",
-		param:   param,
+func badRequest(param, format string, args ...any) *openai.Error {
+	return &openai.Error{
+		Status:  http.StatusBadRequest,
+		Message: fmt.Sprintf(format, args...),
+		Type:    openai.TypeInvalidRequest,
+		Param:   param,
 	}
 }
 
 // writeError sends e as the whole response.
-func writeError(w http.ResponseWriter, e *apiError) {
-	openai.WriteError(w, e.status, e.message, e.typ, e.param, e.code)
-}
+func writeError(w http.ResponseWriter, e *openai.Error) { e.Write(w) }
 
 // writeJSON sends v as a JSON response with the given status.
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -12,12 +12,19 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/openai"
 )
 
 var _ http.Handler = (*Server)(nil)
 
-// ServeHTTP serves the OpenAI-compatible API, /health and /metrics.
+// ServeHTTP serves the OpenAI-compatible API, /health, /metrics and, if
+// Config.Admin is set, /admin/faults.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.apiKey && r.Method != http.MethodOptions && needsKey(r.URL.Path) && !s.authorized(r) {
+		s.injected(faultUnauthorized)
+		writeError(w, unauthorized())
+		return
+	}
 	switch r.URL.Path {
 	case "/v1/chat/completions":
 		if allow(w, r, http.MethodPost) {
@@ -39,14 +46,24 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if allow(w, r, http.MethodGet, http.MethodHead) {
 			s.metrics.handler.ServeHTTP(w, r)
 		}
+	case "/admin/faults":
+		if s.admin {
+			s.handleAdminFaults(w, r)
+			return
+		}
+		s.notFound(w, r)
 	default:
-		writeError(w, &apiError{
-			status:  http.StatusNotFound,
-			message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path),
-			typ:     "invalid_request_error",
-			code:    "not_found",
-		})
+		s.notFound(w, r)
 	}
+}
+
+func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
+	writeError(w, &openai.Error{
+		Status:  http.StatusNotFound,
+		Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path),
+		Type:    openai.TypeInvalidRequest,
+		Code:    "not_found",
+	})
 }
 
 // allow reports whether r's method is one of methods, answering 405 if not.
@@ -57,16 +74,20 @@ func allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
 		}
 	}
 	w.Header().Set("Allow", strings.Join(methods, ", "))
-	writeError(w, &apiError{
-		status:  http.StatusMethodNotAllowed,
-		message: fmt.Sprintf("method %s is not allowed on %s; use %s", r.Method, r.URL.Path, strings.Join(methods, " or ")),
-		typ:     "invalid_request_error",
-		code:    "method_not_allowed",
+	writeError(w, &openai.Error{
+		Status:  http.StatusMethodNotAllowed,
+		Message: fmt.Sprintf("method %s is not allowed on %s; use %s", r.Method, r.URL.Path, strings.Join(methods, " or ")),
+		Type:    openai.TypeInvalidRequest,
+		Code:    "method_not_allowed",
 	})
 	return false
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	f := s.Faults()
+	if s.beforeHeaders(w, r, &f) {
+		return
+	}
 	var req chatRequest
 	if e := decodeBody(w, r, &req); e != nil {
 		writeError(w, e)
@@ -84,10 +105,15 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
+	x.faults = f
 	s.serve(w, r, x, prompt, "messages")
 }
 
 func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
+	f := s.Faults()
+	if s.beforeHeaders(w, r, &f) {
+		return
+	}
 	var req completionRequest
 	if e := decodeBody(w, r, &req); e != nil {
 		writeError(w, e)
@@ -104,6 +130,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
+	x.faults = f
 	s.serve(w, r, x, prompt, "prompt")
 }
 
@@ -116,17 +143,18 @@ type exchange struct {
 	includeUsage bool
 	maxTokens    *int // nil: natural length
 	chunks       chunker
+	faults       Faults // in force when the request arrived
 }
 
 // prepare checks the fields shared by both endpoints.
-func (s *Server) prepare(model string, n *int, stream bool, opts *streamOptions, chat bool, limits ...namedLimit) (*exchange, *apiError) {
+func (s *Server) prepare(model string, n *int, stream bool, opts *streamOptions, chat bool, limits ...namedLimit) (*exchange, *openai.Error) {
 	if model != "" && model != s.model {
-		return nil, &apiError{
-			status:  http.StatusNotFound,
-			message: fmt.Sprintf("The model `%s` does not exist.", model),
-			typ:     "invalid_request_error",
-			param:   "model",
-			code:    "model_not_found",
+		return nil, &openai.Error{
+			Status:  http.StatusNotFound,
+			Message: fmt.Sprintf("The model `%s` does not exist.", model),
+			Type:    openai.TypeInvalidRequest,
+			Param:   "model",
+			Code:    "model_not_found",
 		}
 	}
 	maxTokens, e := checkCommon(n, limits...)
@@ -175,27 +203,28 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, x *exchange, prom
 }
 
 // submitError maps an error of Server.submit to the client's error.
-func submitError(err error) *apiError {
+func submitError(err error) *openai.Error {
 	switch {
 	case errors.Is(err, errStopped):
 		return unavailable()
 	case errors.Is(err, engine.ErrTooLong):
-		return &apiError{status: http.StatusBadRequest, message: err.Error(),
-			typ: "invalid_request_error", code: "context_length_exceeded"}
+		return &openai.Error{Status: http.StatusBadRequest, Message: err.Error(),
+			Type: openai.TypeInvalidRequest, Code: "context_length_exceeded"}
 	case errors.Is(err, engine.ErrInvalid):
 		return badRequest("", "%v", err)
 	}
-	return &apiError{status: http.StatusInternalServerError, message: err.Error(), typ: "server_error"}
+	return &openai.Error{Status: http.StatusInternalServerError, Message: err.Error(), Type: openai.TypeServer}
 }
 
-func unavailable() *apiError {
-	return &apiError{status: http.StatusServiceUnavailable, message: "the server is shutting down",
-		typ: "server_error", code: "service_unavailable"}
+func unavailable() *openai.Error {
+	return &openai.Error{Status: http.StatusServiceUnavailable, Message: "the server is shutting down",
+		Type: openai.TypeServer, Code: "service_unavailable"}
 }
 
 // respond waits for the whole output and writes a non-streaming response. It
 // reports whether the request completed.
 func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x *exchange) bool {
+	cut, hang := cutAfter(&x.faults, len(c.pieces))
 	for have := 0; have < c.total; {
 		n, err := s.await(ctx, c, have)
 		if err != nil {
@@ -206,6 +235,17 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x 
 			return false
 		}
 		have = n
+		if cut > 0 && have >= cut {
+			s.abort(c)
+			if !hang {
+				s.die()
+			}
+			s.injected(faultHangAfterFirst)
+			if s.hang(ctx) {
+				writeError(w, unavailable())
+			}
+			return false
+		}
 	}
 	text := strings.Join(c.pieces, "")
 	h := w.Header()
@@ -247,13 +287,14 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *call, x *
 		s.abort(c)
 		return false
 	}
+	cut, hang := cutAfter(&x.faults, len(c.pieces))
 	buf := make([]byte, 0, 1024)
 	for have := 0; have < c.total; {
 		n, err := s.await(ctx, c, have)
 		if err != nil {
 			s.abort(c)
 			if errors.Is(err, errStopped) {
-				buf = appendErrorEvent(buf[:0], unavailable())
+				buf = unavailable().AppendEvent(buf[:0])
 				buf = append(buf, "data: [DONE]\n\n"...)
 				_, _ = w.Write(buf)
 				_ = rc.Flush()
@@ -264,10 +305,16 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *call, x *
 		if have == 0 {
 			buf = x.chunks.start(buf)
 		}
+		if cut > 0 {
+			n = min(n, cut)
+		}
 		for i := have; i < n && i < len(c.pieces); i++ {
 			buf = x.chunks.token(buf, c.pieces[i])
 		}
 		have = n
+		if have == cut {
+			return s.cutStream(ctx, w, rc, c, buf, hang)
+		}
 		if have == c.total {
 			buf = x.chunks.finish(buf, c.finishReason())
 			if x.includeUsage {
@@ -289,13 +336,44 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *call, x *
 	return true
 }
 
+// cutStream writes and flushes buf, the stream's last content, takes c out
+// of the engine, and then stalls until the request ends (hang) or closes the
+// connection without the terminating chunk. It reports false: the request
+// did not complete.
+func (s *Server) cutStream(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, c *call, buf []byte, hang bool) bool {
+	_, err := w.Write(buf)
+	if err == nil {
+		err = rc.Flush()
+	}
+	s.abort(c)
+	if err != nil {
+		return false
+	}
+	if !hang {
+		s.die()
+	}
+	s.injected(faultHangAfterFirst)
+	if s.hang(ctx) {
+		_, _ = w.Write(append(unavailable().AppendEvent(buf[:0]), "data: [DONE]\n\n"...))
+		_ = rc.Flush()
+	}
+	return false
+}
+
 // handleHealth answers 200 with an empty body, as vLLM does, until the
-// driver stops.
+// driver stops; 503 with the health_fail fault.
 func (s *Server) handleHealth(w http.ResponseWriter) {
 	select {
 	case <-s.stopped:
 		writeError(w, unavailable())
 	default:
+		if s.faults.Load().HealthFail {
+			s.injected(faultHealth)
+			writeError(w, &openai.Error{Status: http.StatusServiceUnavailable,
+				Message: "the server is unhealthy (injected fault)", Type: openai.TypeServer,
+				Code: "service_unavailable"})
+			return
+		}
 		w.WriteHeader(http.StatusOK)
 	}
 }

@@ -32,6 +32,8 @@ type metrics struct {
 	itl     prometheus.Histogram
 	e2e     prometheus.Histogram
 	success *prometheus.CounterVec
+	// faults counts injected faults by name; not a vLLM metric.
+	faults *prometheus.CounterVec
 }
 
 func newMetrics(s *Server) *metrics {
@@ -55,6 +57,14 @@ func newMetrics(s *Server) *metrics {
 			ConstLabels: model,
 		}, []string{"finished_reason"}),
 	}
+	m.faults = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name:        "kvroute_emulator_faults_total",
+		Help:        "Count of injected faults, by fault (emulator only, not a vLLM metric).",
+		ConstLabels: model,
+	}, []string{"fault"})
+	for _, f := range faultNames {
+		m.faults.WithLabelValues(f)
+	}
 	for _, r := range finishReasons {
 		m.success.WithLabelValues(r) // export zeros before the first request
 	}
@@ -69,7 +79,7 @@ func newMetrics(s *Server) *metrics {
 		},
 	})
 	cacheInfo.Set(1)
-	m.reg.MustRegister(m.ttft, m.itl, m.e2e, m.success, cacheInfo, newEngineCollector(s))
+	m.reg.MustRegister(m.ttft, m.itl, m.e2e, m.success, m.faults, cacheInfo, newEngineCollector(s))
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 	return m
 }

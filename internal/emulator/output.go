@@ -9,6 +9,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/tokenizer"
 )
 
@@ -22,7 +23,7 @@ const (
 // newCall plans the request for prompt: its output (maxTokens tokens, or a
 // natural length ending with EOT when maxTokens is nil) and the block hashes
 // of the whole sequence. what names the prompt in error messages.
-func (s *Server) newCall(prompt []int32, maxTokens *int, what string) (*call, *apiError) {
+func (s *Server) newCall(prompt []int32, maxTokens *int, what string) (*call, *openai.Error) {
 	limit := s.profile.MaxModelLen
 	seed := s.outputSeed(prompt)
 	c := &call{notify: make(chan struct{}, 1)}
@@ -59,14 +60,14 @@ func (s *Server) newCall(prompt []int32, maxTokens *int, what string) (*call, *a
 
 // contextTooLong is vLLM's error for a request longer than the model's
 // context.
-func contextTooLong(limit, prompt, output int, what string) *apiError {
-	return &apiError{
-		status: http.StatusBadRequest,
-		message: fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens "+
+func contextTooLong(limit, prompt, output int, what string) *openai.Error {
+	return &openai.Error{
+		Status: http.StatusBadRequest,
+		Message: fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens "+
 			"(%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
 			limit, prompt+output, prompt, what, output, what),
-		typ:  "invalid_request_error",
-		code: "context_length_exceeded",
+		Type: openai.TypeInvalidRequest,
+		Code: "context_length_exceeded",
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/tokenizer"
 )
 
@@ -57,7 +58,7 @@ var chatRoles = map[string]bool{
 }
 
 // decodeBody reads r's JSON body into v.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) *openai.Error {
 	if r.ContentLength > maxBodyBytes {
 		return tooLarge()
 	}
@@ -84,12 +85,12 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
 	return nil
 }
 
-func tooLarge() *apiError {
-	return &apiError{
-		status:  http.StatusRequestEntityTooLarge,
-		message: fmt.Sprintf("request body is larger than %d bytes", maxBodyBytes),
-		typ:     "invalid_request_error",
-		code:    "request_too_large",
+func tooLarge() *openai.Error {
+	return &openai.Error{
+		Status:  http.StatusRequestEntityTooLarge,
+		Message: fmt.Sprintf("request body is larger than %d bytes", maxBodyBytes),
+		Type:    openai.TypeInvalidRequest,
+		Code:    "request_too_large",
 	}
 }
 
@@ -118,7 +119,7 @@ func jsonType(t reflect.Type) string {
 
 // checkCommon validates the fields chat and completion requests share and
 // returns the requested output length (nil: the natural length).
-func checkCommon(n *int, limits ...namedLimit) (*int, *apiError) {
+func checkCommon(n *int, limits ...namedLimit) (*int, *openai.Error) {
 	if n != nil && *n != 1 {
 		return nil, badRequest("n", "n = %d is not supported: the emulator returns exactly one choice", *n)
 	}
@@ -141,7 +142,7 @@ type namedLimit struct {
 }
 
 // chatPrompt validates a chat request and renders its prompt tokens.
-func chatPrompt(req *chatRequest) ([]int32, *apiError) {
+func chatPrompt(req *chatRequest) ([]int32, *openai.Error) {
 	if req.Messages == nil {
 		return nil, badRequest("messages", "'messages' is a required property")
 	}
@@ -168,7 +169,7 @@ func chatPrompt(req *chatRequest) ([]int32, *apiError) {
 
 // messageText returns a message's content as one string. Text parts are
 // joined with newlines, as vLLM does for string chat templates.
-func messageText(m chatMessage, param string) (string, *apiError) {
+func messageText(m chatMessage, param string) (string, *openai.Error) {
 	raw := bytes.TrimSpace(m.Content)
 	if len(raw) == 0 || string(raw) == "null" {
 		if m.Role == "assistant" { // an assistant turn that only called tools
@@ -214,7 +215,7 @@ func messageText(m chatMessage, param string) (string, *apiError) {
 // completionPrompt validates a completion prompt and returns its tokens: a
 // string is encoded after a BOS token, as vLLM's Llama-3 tokenizer does;
 // token ids are taken as they are.
-func completionPrompt(raw json.RawMessage) ([]int32, *apiError) {
+func completionPrompt(raw json.RawMessage) ([]int32, *openai.Error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, badRequest("prompt", "'prompt' is a required property")

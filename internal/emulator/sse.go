@@ -71,18 +71,6 @@ func (k *chunker) usage(dst []byte, u usage) []byte {
 	return append(dst, "}\n\n"...)
 }
 
-// appendErrorEvent appends e as a stream event, as vLLM reports an error that
-// happens after the stream has started.
-func appendErrorEvent(dst []byte, e *apiError) []byte {
-	dst = append(dst, `data: {"error":{"message":`...)
-	dst = appendJSONString(dst, e.message)
-	dst = append(dst, `,"type":`...)
-	dst = appendJSONString(dst, e.typ)
-	dst = append(dst, `,"param":null,"code":`...)
-	dst = appendJSONString(dst, e.code)
-	return append(dst, "}}\n\n"...)
-}
-
 // appendJSONString appends s as a JSON string. Valid UTF-8 is copied as it
 // is, with the characters JSON requires escaped.
 func appendJSONString(dst []byte, s string) []byte {

@@ -36,3 +36,57 @@ func WriteError(w http.ResponseWriter, status int, message, typ, param, code str
 	w.WriteHeader(status)
 	_, _ = w.Write(data)
 }
+
+// Error types the OpenAI API reports in error.type.
+const (
+	// TypeInvalidRequest is a client error: a bad field, an unknown model,
+	// a missing or wrong API key.
+	TypeInvalidRequest = "invalid_request_error"
+	// TypeServer is a server-side failure (every 5xx).
+	TypeServer = "server_error"
+	// TypeRequests is OpenAI's type for a request-rate limit (429).
+	TypeRequests = "requests"
+)
+
+// Error is an error a client gets as an OpenAI-shaped JSON body with an HTTP
+// status. Param (the offending request field) and Code (a machine-readable
+// reason) may be empty.
+type Error struct {
+	Status  int
+	Message string
+	Type    string
+	Param   string
+	Code    string
+}
+
+// Error returns the message.
+func (e *Error) Error() string { return e.Message }
+
+// Write sends e as the whole response, as WriteError does.
+func (e *Error) Write(w http.ResponseWriter) {
+	WriteError(w, e.Status, e.Message, e.Type, e.Param, e.Code)
+}
+
+// AppendEvent appends e as one server-sent event, `data: {"error":{…}}`
+// and a blank line: how vLLM reports an error once a stream has started.
+func (e *Error) AppendEvent(dst []byte) []byte {
+	type body struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	}
+	b := body{Message: e.Message, Type: e.Type}
+	if e.Param != "" {
+		b.Param = &e.Param
+	}
+	if e.Code != "" {
+		b.Code = &e.Code
+	}
+	data, _ := json.Marshal(struct { // strings and pointers to strings: cannot fail
+		Error body `json:"error"`
+	}{b})
+	dst = append(dst, "data: "...)
+	dst = append(dst, data...)
+	return append(dst, "\n\n"...)
+}
