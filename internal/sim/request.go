@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/bench"
-	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/router"
@@ -138,7 +137,7 @@ func (s *simulation) send(i int) {
 		ss.conv.add(turn.MessageRole(), turn.Text())
 		s.tokBuf = tokenizer.EncodeChat(s.tokBuf[:0], ss.conv.msgs, true)
 		promptLen := len(s.tokBuf)
-		ids, pieces := tokenizer.Generate(emulator.ReplySeed(s.cfg.Seed, s.tokBuf), turn.MaxTokens)
+		ids, pieces := tokenizer.Generate(tokenizer.ReplySeed(s.cfg.Seed, s.tokBuf), turn.MaxTokens)
 		f.reply = strings.Join(pieces, "")
 		s.tokBuf = append(s.tokBuf, ids...)
 		f.hashes = engine.HashTokens(f.hashes[:0], s.tokBuf, bs)
