@@ -12,6 +12,8 @@ import (
 
 	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -142,7 +144,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 }
 
 // writeReport prints the table and writes results.json and report.html.
-func writeReport(w io.Writer, rep *bench.Report, dir string) error {
+func writeReport(w io.Writer, rep *results.Report, dir string) error {
 	fmt.Fprintln(w)
 	if err := rep.WriteTable(w); err != nil {
 		return err
@@ -150,7 +152,7 @@ func writeReport(w io.Writer, rep *bench.Report, dir string) error {
 	if err := rep.WriteJSON(dir); err != nil {
 		return err
 	}
-	if err := rep.WriteHTML(dir); err != nil {
+	if err := report.WriteHTML(dir, rep); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "\nwrote %s and %s\n", filepath.Join(dir, "results.json"), filepath.Join(dir, "report.html"))

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/tokenizer"
 	"github.com/kvroute/kvroute/internal/workload"
@@ -218,7 +218,7 @@ func tokenHashes(dst []uint64, t *workload.Turn, tile int32, blockSize int) []ui
 func (s *simulation) fail(f *flight, rep *replica, status int, err error) {
 	i := int(f.session)
 	ss := &s.sessions[i]
-	res := bench.Result{Session: int(s.order[i].base), Turn: int(ss.turn), Status: status,
+	res := results.Result{Session: int(s.order[i].base), Turn: int(ss.turn), Status: status,
 		Heavy: s.turnOf(i).Heavy, Sent: f.sent, Err: err, Error: err.Error()}
 	if f.fl != nil {
 		f.fl.Done()
@@ -248,7 +248,7 @@ func (s *simulation) finish(f *flight) {
 	}
 	i := int(f.session)
 	ss := &s.sessions[i]
-	res := bench.Result{
+	res := results.Result{
 		Session: int(s.order[i].base), Turn: int(ss.turn), Heavy: s.turnOf(i).Heavy,
 		Backend: f.d.Backend.Name, Route: f.d.Reason, Status: http.StatusOK,
 		Sent: f.sent, TTFT: ttft, E2E: e2e, ServerTTFT: r.FirstToken - r.Arrival,
@@ -275,7 +275,7 @@ func (s *simulation) finish(f *flight) {
 	}
 }
 
-func (s *simulation) record(r bench.Result) {
+func (s *simulation) record(r results.Result) {
 	s.results = append(s.results, r)
 	if s.progress != nil {
 		s.progress()
@@ -283,7 +283,7 @@ func (s *simulation) record(r bench.Result) {
 }
 
 // sortByBusy orders idx by the backends' busy time, busiest first.
-func sortByBusy(idx []int, bs []bench.BackendSeries) {
+func sortByBusy(idx []int, bs []results.BackendSeries) {
 	slices.SortStableFunc(idx, func(a, b int) int {
 		switch {
 		case bs[a].Busy > bs[b].Busy:

@@ -1,4 +1,4 @@
-package bench
+package report
 
 import (
 	"bytes"
@@ -12,27 +12,29 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/results"
 )
 
 // WriteHTML renders r as dir/report.html, creating dir: one self-contained
 // file (inline CSS and SVG, no scripts from anywhere, no external fonts or
 // images), readable offline and printable.
-func (r *Report) WriteHTML(dir string) error {
+func WriteHTML(dir string, r *results.Report) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	// Render fully before writing so a failure leaves no half-written page.
 	var buf bytes.Buffer
-	if err := r.RenderHTML(&buf); err != nil {
+	if err := Render(&buf, r); err != nil {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "report.html"), buf.Bytes(), 0o644)
 }
 
-// RenderHTML writes the page WriteHTML saves to w.
-func (r *Report) RenderHTML(w io.Writer) error {
-	if err := reportTemplate.Execute(w, r.page()); err != nil {
-		return fmt.Errorf("bench: rendering report: %w", err)
+// Render writes the page WriteHTML saves to w.
+func Render(w io.Writer, r *results.Report) error {
+	if err := reportTemplate.Execute(w, page(r)); err != nil {
+		return fmt.Errorf("report: rendering: %w", err)
 	}
 	return nil
 }
@@ -75,7 +77,7 @@ func (s policyStyle) stroke() string {
 
 func isKVRoute(policy string) bool { return policy == "kvroute" }
 
-func policyStyles(runs []Run) []policyStyle {
+func policyStyles(runs []results.Run) []policyStyle {
 	byName := map[string]string{}
 	next := 0
 	styles := make([]policyStyle, len(runs))
@@ -96,7 +98,7 @@ func policyStyles(runs []Run) []policyStyle {
 	return styles
 }
 
-func runName(run Run) string {
+func runName(run results.Run) string {
 	switch {
 	case run.Policy != "":
 		return run.Policy
@@ -188,7 +190,7 @@ type goodputRow struct {
 	Met               bool
 }
 
-func (r *Report) page() reportPage {
+func page(r *results.Report) reportPage {
 	styles := policyStyles(r.Runs)
 	p := reportPage{
 		Title:       "kvroute bench",
@@ -201,9 +203,9 @@ func (r *Report) page() reportPage {
 	if r.Workload != "" {
 		p.Title += ": " + r.Workload
 	}
-	p.Facts = r.facts()
+	p.Facts = facts(r)
 	var cols []column
-	cols, p.Rows = r.summaryTable(styles)
+	cols, p.Rows = summaryTable(r, styles)
 	p.Groups, p.SubHeads = headerGroups(cols)
 	p.CDF = ttftCDF(r.Runs, styles)
 	p.HitRate = hitRateChart(r.Runs, styles, r.Bounds)
@@ -221,7 +223,7 @@ func (r *Report) page() reportPage {
 	return p
 }
 
-func (r *Report) facts() []fact {
+func facts(r *results.Report) []fact {
 	fleet := "unknown"
 	if r.Backends > 0 {
 		fleet = fmt.Sprintf("%d backends", r.Backends)
@@ -264,53 +266,53 @@ func (r *Report) facts() []fact {
 type tableColumn struct {
 	column
 	better int
-	value  func(Run) (float64, bool)
+	value  func(results.Run) (float64, bool)
 	format func(float64) string
 }
 
-func (r *Report) summaryTable(styles []policyStyle) ([]column, []tableRow) {
-	succeeded := func(run Run) bool { return run.Summary.Requests-run.Summary.Errors > 0 }
-	latency := func(d func(Summary) time.Duration) func(Run) (float64, bool) {
-		return func(run Run) (float64, bool) { return float64(d(run.Summary)), succeeded(run) }
+func summaryTable(r *results.Report, styles []policyStyle) ([]column, []tableRow) {
+	succeeded := func(run results.Run) bool { return run.Summary.Requests-run.Summary.Errors > 0 }
+	latency := func(d func(results.Summary) time.Duration) func(results.Run) (float64, bool) {
+		return func(run results.Run) (float64, bool) { return float64(d(run.Summary)), succeeded(run) }
 	}
-	durCol := func(group, name string, d func(Summary) time.Duration) tableColumn {
+	durCol := func(group, name string, d func(results.Summary) time.Duration) tableColumn {
 		return tableColumn{column{group, name, ""}, -1, latency(d), func(v float64) string { return fmtDur(time.Duration(v)) }}
 	}
 	intFmt := func(v float64) string { return fmtThousands(int64(v)) }
 	cols := []tableColumn{
-		{column{"", "requests", ""}, 0, func(run Run) (float64, bool) { return float64(run.Summary.Requests), true }, intFmt},
-		{column{"", "errors", ""}, -1, func(run Run) (float64, bool) { return float64(run.Summary.Errors), true }, intFmt},
-		durCol("TTFT", "p50", func(s Summary) time.Duration { return s.TTFTP50 }),
-		durCol("TTFT", "p99", func(s Summary) time.Duration { return s.TTFTP99 }),
-		durCol("end-to-end", "p50", func(s Summary) time.Duration { return s.E2EP50 }),
-		durCol("end-to-end", "p99", func(s Summary) time.Duration { return s.E2EP99 }),
-		{column{"ITL", "p50", ""}, -1, func(run Run) (float64, bool) { return float64(run.Summary.ITLP50), run.Summary.ITLP50 > 0 },
+		{column{"", "requests", ""}, 0, func(run results.Run) (float64, bool) { return float64(run.Summary.Requests), true }, intFmt},
+		{column{"", "errors", ""}, -1, func(run results.Run) (float64, bool) { return float64(run.Summary.Errors), true }, intFmt},
+		durCol("TTFT", "p50", func(s results.Summary) time.Duration { return s.TTFTP50 }),
+		durCol("TTFT", "p99", func(s results.Summary) time.Duration { return s.TTFTP99 }),
+		durCol("end-to-end", "p50", func(s results.Summary) time.Duration { return s.E2EP50 }),
+		durCol("end-to-end", "p99", func(s results.Summary) time.Duration { return s.E2EP99 }),
+		{column{"ITL", "p50", ""}, -1, func(run results.Run) (float64, bool) { return float64(run.Summary.ITLP50), run.Summary.ITLP50 > 0 },
 			func(v float64) string { return fmtDur(time.Duration(v)) }},
-		{column{"ITL", "p99", ""}, -1, func(run Run) (float64, bool) { return float64(run.Summary.ITLP99), run.Summary.ITLP99 > 0 },
+		{column{"ITL", "p99", ""}, -1, func(run results.Run) (float64, bool) { return float64(run.Summary.ITLP99), run.Summary.ITLP99 > 0 },
 			func(v float64) string { return fmtDur(time.Duration(v)) }},
-		{column{"", "output", "tokens/s"}, +1, func(run Run) (float64, bool) {
+		{column{"", "output", "tokens/s"}, +1, func(run results.Run) (float64, bool) {
 			v := run.Summary.OutputTokensPerSec
 			return v, finite(v) && run.Summary.Span > 0
 		}, fmtRate},
-		{column{"hit rate", "total", ""}, +1, func(run Run) (float64, bool) {
+		{column{"hit rate", "total", ""}, +1, func(run results.Run) (float64, bool) {
 			v := run.Summary.HitRate
 			return v, finite(v) && run.Summary.PromptTokens > 0
 		}, fmtPct},
-		{column{"hit rate", "of ideal", ""}, +1, func(run Run) (float64, bool) {
+		{column{"hit rate", "of ideal", ""}, +1, func(run results.Run) (float64, bool) {
 			v := run.Summary.HitRate / r.Bounds.Ideal
 			return v, finite(v) && r.Bounds.Ideal > 0 && run.Summary.PromptTokens > 0
 		}, func(v float64) string { return fmt.Sprintf("%.0f %%", 100*v) }},
-		{column{"", "imbalance", "max/mean busy"}, -1, func(run Run) (float64, bool) {
+		{column{"", "imbalance", "max/mean busy"}, -1, func(run results.Run) (float64, bool) {
 			v := imbalanceOf(run)
 			return v, v > 0
 		}, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
 	}
-	if slices.ContainsFunc(r.Runs, func(run Run) bool { return run.Goodput != nil }) {
+	if slices.ContainsFunc(r.Runs, func(run results.Run) bool { return run.Goodput != nil }) {
 		unit := "req/s"
 		if slo, ok := commonSLO(r.Runs); ok {
 			unit += ", p99 TTFT ≤ " + fmtDur(slo)
 		}
-		cols = append(cols, tableColumn{column{"", "goodput", unit}, +1, func(run Run) (float64, bool) {
+		cols = append(cols, tableColumn{column{"", "goodput", unit}, +1, func(run results.Run) (float64, bool) {
 			if run.Goodput == nil {
 				return 0, false
 			}
@@ -389,7 +391,7 @@ func headerGroups(cols []column) (groups []headerGroup, sub []string) {
 
 // imbalanceOf is the run's busy-time imbalance, from its summary or else
 // from the backends' busy times; 0 if unknown.
-func imbalanceOf(run Run) float64 {
+func imbalanceOf(run results.Run) float64 {
 	if v := run.Summary.Imbalance; v > 0 && finite(v) {
 		return v
 	}
@@ -400,13 +402,13 @@ func imbalanceOf(run Run) float64 {
 	for i, b := range run.Backends {
 		busy[i] = b.Busy
 	}
-	if v := Imbalance(busy); finite(v) {
+	if v := results.Imbalance(busy); finite(v) {
 		return v
 	}
 	return 0
 }
 
-func commonSLO(runs []Run) (time.Duration, bool) {
+func commonSLO(runs []results.Run) (time.Duration, bool) {
 	var slo time.Duration
 	found := false
 	for _, run := range runs {
@@ -491,7 +493,7 @@ const (
 
 // ttftCDF plots the distribution of TTFT of the successful requests, one
 // line per policy, on a log time axis.
-func ttftCDF(runs []Run, styles []policyStyle) template.HTML {
+func ttftCDF(runs []results.Run, styles []policyStyle) template.HTML {
 	const w = 960.0
 	series := make([][]float64, len(runs))
 	lo, hi := math.Inf(1), 0.0
@@ -693,7 +695,7 @@ func barChart(title string, bars []bar, maxV float64, ticks []float64, tick func
 	return s.done()
 }
 
-func hitRateChart(runs []Run, styles []policyStyle, bounds Bounds) template.HTML {
+func hitRateChart(runs []results.Run, styles []policyStyle, bounds results.Bounds) template.HTML {
 	bars := make([]bar, len(runs))
 	for i, run := range runs {
 		v := run.Summary.HitRate
@@ -721,7 +723,7 @@ func hitRateChart(runs []Run, styles []policyStyle, bounds Bounds) template.HTML
 
 // loadCharts draws one small chart per run of each backend's running +
 // waiting requests over model time, all on the same axes.
-func loadCharts(runs []Run, styles []policyStyle) ([]swatch, []loadPanel) {
+func loadCharts(runs []results.Run, styles []policyStyle) ([]swatch, []loadPanel) {
 	const w, h = 470.0, 200.0
 	var names []string
 	maxT, maxQ := 0.0, 0
@@ -758,7 +760,7 @@ func loadCharts(runs []Run, styles []policyStyle) ([]swatch, []loadPanel) {
 	panels := make([]loadPanel, len(runs))
 	for i, run := range runs {
 		p := loadPanel{Policy: styles[i].Name, Color: styles[i].Color, Subtitle: loadSubtitle(run)}
-		if !slices.ContainsFunc(run.Backends, func(b BackendSeries) bool { return len(b.Samples) > 0 }) {
+		if !slices.ContainsFunc(run.Backends, func(b results.BackendSeries) bool { return len(b.Samples) > 0 }) {
 			p.Chart = emptyChart(w, "No load samples.")
 			panels[i] = p
 			continue
@@ -789,14 +791,14 @@ func loadCharts(runs []Run, styles []policyStyle) ([]swatch, []loadPanel) {
 	return legend, panels
 }
 
-func loadSubtitle(run Run) string {
+func loadSubtitle(run results.Run) string {
 	var parts []string
 	if v := imbalanceOf(run); v > 0 {
 		parts = append(parts, fmt.Sprintf("busy-time imbalance %.2f (busiest / mean)", v))
 	} else {
 		parts = append(parts, "busy-time imbalance unknown")
 	}
-	var busiest *BackendSeries
+	var busiest *results.BackendSeries
 	for k := range run.Backends {
 		if b := &run.Backends[k]; b.Busy > 0 && (busiest == nil || b.Busy > busiest.Busy) {
 			busiest = b
@@ -819,12 +821,12 @@ func loadSubtitle(run Run) string {
 
 // downsampleLoad keeps at most 2×loadBuckets samples: the lowest and the
 // highest of each bucket, in time order, so spikes survive.
-func downsampleLoad(ss []LoadSample) []LoadSample {
+func downsampleLoad(ss []results.LoadSample) []results.LoadSample {
 	if len(ss) <= 2*loadBuckets {
 		return ss
 	}
-	out := make([]LoadSample, 0, 2*loadBuckets)
-	q := func(s LoadSample) int { return s.Running + s.Waiting }
+	out := make([]results.LoadSample, 0, 2*loadBuckets)
+	q := func(s results.LoadSample) int { return s.Running + s.Waiting }
 	for b := range loadBuckets {
 		from, to := b*len(ss)/loadBuckets, (b+1)*len(ss)/loadBuckets
 		lo, hi := from, from
@@ -848,8 +850,8 @@ func downsampleLoad(ss []LoadSample) []LoadSample {
 	return out
 }
 
-func goodput(runs []Run, styles []policyStyle) *goodputSection {
-	if !slices.ContainsFunc(runs, func(run Run) bool { return run.Goodput != nil }) {
+func goodput(runs []results.Run, styles []policyStyle) *goodputSection {
+	if !slices.ContainsFunc(runs, func(run results.Run) bool { return run.Goodput != nil }) {
 		return nil
 	}
 	g := &goodputSection{Note: "Highest arrival rate (requests/s) at which p99 TTFT stayed within the SLO."}
