@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/balancer"
 	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/report"
@@ -162,8 +163,8 @@ func writeReport(w io.Writer, rep *results.Report, dir string) error {
 // allPolicies lists every policy and every real balancer installed here.
 func allPolicies() []string {
 	names := router.Names()
-	for _, b := range bench.Balancers() {
-		if ok, _ := bench.BalancerAvailable(b); ok {
+	for _, b := range balancer.Kinds() {
+		if ok, _ := balancer.Available(b); ok {
 			names = append(names, b)
 		}
 	}

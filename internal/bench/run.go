@@ -30,7 +30,7 @@ type Config struct {
 	// to start from a cold cache all the same; their KV capacity is
 	// unknown, so there is no ideal-router bound.
 	BackendURLs []string
-	// Policies are kvroute --policy values or real balancers (Balancers()).
+	// Policies are kvroute --policy values or real balancers (balancer.Kinds()).
 	Policies []string
 	// TimeScale is wall seconds per model second.
 	TimeScale float64
