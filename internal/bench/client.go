@@ -1,5 +1,7 @@
-// Package bench drives workloads against an OpenAI-compatible endpoint (a
-// router or a single server) and measures what clients see.
+// Package bench is the live bench driver (`kvroute bench` and `kvroute
+// demo`): it starts a fleet behind kvroute or a real balancer (package
+// balancer), drives workloads against an OpenAI-compatible endpoint (a router
+// or a single server) and measures what clients see, as a results.Report.
 package bench
 
 import (
@@ -207,6 +209,30 @@ type message struct {
 	Content string `json:"content"`
 }
 
+// streamChunk is the part of a chat completion stream event the client reads.
+type streamChunk struct {
+	Choices []struct {
+		Delta struct {
+			Content string `json:"content"`
+		} `json:"delta"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+	// Timings is llama-server's account of the request; its
+	// prompt time is the prefill it computed, without queueing.
+	Timings *struct {
+		PromptMS float64 `json:"prompt_ms"`
+	} `json:"timings"`
+	// Error is a failure after the stream began (llama-server and
+	// vLLM send one as a data event, then end the stream).
+	Error json.RawMessage `json:"error"`
+}
+
 // chat sends one streaming chat request and reads the reply.
 func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs []message, maxTokens int) (results.Result, string) {
 	fields := map[string]any{
@@ -262,28 +288,7 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 			sawDone = true
 			break
 		}
-		var chunk struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-			Usage *struct {
-				PromptTokens        int `json:"prompt_tokens"`
-				CompletionTokens    int `json:"completion_tokens"`
-				PromptTokensDetails *struct {
-					CachedTokens int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
-			// Timings is llama-server's account of the request; its
-			// prompt time is the prefill it computed, without queueing.
-			Timings *struct {
-				PromptMS float64 `json:"prompt_ms"`
-			} `json:"timings"`
-			// Error is a failure after the stream began (llama-server and
-			// vLLM send one as a data event, then end the stream).
-			Error json.RawMessage `json:"error"`
-		}
+		var chunk streamChunk
 		if err := json.Unmarshal(data, &chunk); err != nil {
 			fail(&res, fmt.Errorf("bad event %q: %w", data, err))
 			return res, ""
