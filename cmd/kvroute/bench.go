@@ -10,8 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/balancer"
 	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -142,7 +145,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 }
 
 // writeReport prints the table and writes results.json and report.html.
-func writeReport(w io.Writer, rep *bench.Report, dir string) error {
+func writeReport(w io.Writer, rep *results.Report, dir string) error {
 	fmt.Fprintln(w)
 	if err := rep.WriteTable(w); err != nil {
 		return err
@@ -150,7 +153,7 @@ func writeReport(w io.Writer, rep *bench.Report, dir string) error {
 	if err := rep.WriteJSON(dir); err != nil {
 		return err
 	}
-	if err := rep.WriteHTML(dir); err != nil {
+	if err := report.WriteHTML(dir, rep); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "\nwrote %s and %s\n", filepath.Join(dir, "results.json"), filepath.Join(dir, "report.html"))
@@ -160,8 +163,8 @@ func writeReport(w io.Writer, rep *bench.Report, dir string) error {
 // allPolicies lists every policy and every real balancer installed here.
 func allPolicies() []string {
 	names := router.Names()
-	for _, b := range bench.Balancers() {
-		if ok, _ := bench.BalancerAvailable(b); ok {
+	for _, b := range balancer.Kinds() {
+		if ok, _ := balancer.Available(b); ok {
 			names = append(names, b)
 		}
 	}

@@ -1,5 +1,7 @@
-// Package bench drives workloads against an OpenAI-compatible endpoint (a
-// router or a single server) and measures what clients see.
+// Package bench is the live bench driver (`kvroute bench` and `kvroute
+// demo`): it starts a fleet behind kvroute or a real balancer (package
+// balancer), drives workloads against an OpenAI-compatible endpoint (a router
+// or a single server) and measures what clients see, as a results.Report.
 package bench
 
 import (
@@ -18,6 +20,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/tokenizer"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -53,46 +56,8 @@ type Client struct {
 	IgnoreEOS bool
 }
 
-// Result is one request as the client saw it. Times are in model time.
-type Result struct {
-	// Session and Turn identify the request in its workload.
-	Session int `json:"session"`
-	Turn    int `json:"turn"`
-	// Heavy marks a turn carrying a long document.
-	Heavy bool `json:"heavy,omitempty"`
-	// Backend and Route are the router's X-Kvroute-Backend and
-	// X-Kvroute-Route headers (empty without a router).
-	Backend string `json:"backend,omitempty"`
-	Route   string `json:"route,omitempty"`
-	// Status is the HTTP status; 0 if the request failed before one.
-	Status int `json:"status"`
-	// Err is set when the request failed; Error is its text.
-	Err   error  `json:"-"`
-	Error string `json:"error,omitempty"`
-	// Sent is when the request was sent, from the start of the run.
-	Sent time.Duration `json:"sent_ns"`
-	// TTFT is the time to the first content token; E2E to the end.
-	TTFT time.Duration `json:"ttft_ns"`
-	E2E  time.Duration `json:"e2e_ns"`
-	// ITL is the mean time between content chunks after the first; 0
-	// with fewer than two.
-	ITL time.Duration `json:"itl_ns"`
-	// ServerTTFT is the TTFT the backend itself reported (the emulator's
-	// X-Kvroute-Model-Ttft trailer; llama-server's timings.prompt_ms, its
-	// prefill compute without the wait for a slot), free of the client's
-	// and the router's wall-clock noise; 0 when not reported.
-	ServerTTFT time.Duration `json:"server_ttft_ns,omitempty"`
-	// PromptTokens, CachedTokens and CompletionTokens are the response's usage.
-	PromptTokens     int `json:"prompt_tokens"`
-	CachedTokens     int `json:"cached_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	// PromptBlocks and SequenceBlocks are the block hashes recorded when
-	// Client.BlockTokens is set.
-	PromptBlocks, SequenceBlocks []uint64 `json:"-"`
-}
-
 // fail records err as the request's failure.
-func (r *Result) fail(err error) {
+func fail(r *results.Result, err error) {
 	r.Err = err
 	r.Error = err.Error()
 }
@@ -120,17 +85,17 @@ func (c *Client) http() *http.Client {
 // with c.Users users. It calls done (if not nil) after each request, from
 // any goroutine, and returns every result when all sessions have ended or
 // ctx is done.
-func (c *Client) Run(ctx context.Context, sessions []workload.Session, done func(Result)) []Result {
+func (c *Client) Run(ctx context.Context, sessions []workload.Session, done func(results.Result)) []results.Result {
 	c.http()
 	start := time.Now()
 	var (
-		mu      sync.Mutex
-		results []Result
-		wg      sync.WaitGroup
+		mu  sync.Mutex
+		out []results.Result
+		wg  sync.WaitGroup
 	)
-	record := func(r Result) {
+	record := func(r results.Result) {
 		mu.Lock()
-		results = append(results, r)
+		out = append(out, r)
 		mu.Unlock()
 		if done != nil {
 			done(r)
@@ -196,7 +161,7 @@ func (c *Client) Run(ctx context.Context, sessions []workload.Session, done func
 		}
 	}
 	wg.Wait()
-	return results
+	return out
 }
 
 // blocks returns the block hashes of the prompt the emulator renders for
@@ -244,8 +209,32 @@ type message struct {
 	Content string `json:"content"`
 }
 
+// streamChunk is the part of a chat completion stream event the client reads.
+type streamChunk struct {
+	Choices []struct {
+		Delta struct {
+			Content string `json:"content"`
+		} `json:"delta"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+	// Timings is llama-server's account of the request; its
+	// prompt time is the prefill it computed, without queueing.
+	Timings *struct {
+		PromptMS float64 `json:"prompt_ms"`
+	} `json:"timings"`
+	// Error is a failure after the stream began (llama-server and
+	// vLLM send one as a data event, then end the stream).
+	Error json.RawMessage `json:"error"`
+}
+
 // chat sends one streaming chat request and reads the reply.
-func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs []message, maxTokens int) (Result, string) {
+func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs []message, maxTokens int) (results.Result, string) {
 	fields := map[string]any{
 		"model":          c.Model,
 		"messages":       msgs,
@@ -257,14 +246,14 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 		fields["ignore_eos"] = true
 	}
 	body, err := json.Marshal(fields)
-	var res Result
+	var res results.Result
 	if err != nil {
-		res.fail(err)
+		fail(&res, err)
 		return res, ""
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.BaseURL, "/")+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
-		res.fail(err)
+		fail(&res, err)
 		return res, ""
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -273,7 +262,7 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 	res.Sent = c.model(sent.Sub(start))
 	resp, err := c.http().Do(req)
 	if err != nil {
-		res.fail(err)
+		fail(&res, err)
 		return res, ""
 	}
 	defer resp.Body.Close()
@@ -282,7 +271,7 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 	res.Route = resp.Header.Get("X-Kvroute-Route")
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		res.fail(fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg)))
+		fail(&res, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg)))
 		return res, ""
 	}
 	var reply strings.Builder
@@ -299,34 +288,13 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 			sawDone = true
 			break
 		}
-		var chunk struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-			Usage *struct {
-				PromptTokens        int `json:"prompt_tokens"`
-				CompletionTokens    int `json:"completion_tokens"`
-				PromptTokensDetails *struct {
-					CachedTokens int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
-			// Timings is llama-server's account of the request; its
-			// prompt time is the prefill it computed, without queueing.
-			Timings *struct {
-				PromptMS float64 `json:"prompt_ms"`
-			} `json:"timings"`
-			// Error is a failure after the stream began (llama-server and
-			// vLLM send one as a data event, then end the stream).
-			Error json.RawMessage `json:"error"`
-		}
+		var chunk streamChunk
 		if err := json.Unmarshal(data, &chunk); err != nil {
-			res.fail(fmt.Errorf("bad event %q: %w", data, err))
+			fail(&res, fmt.Errorf("bad event %q: %w", data, err))
 			return res, ""
 		}
 		if len(chunk.Error) > 0 && string(chunk.Error) != "null" {
-			res.fail(fmt.Errorf("error in the stream: %s", chunk.Error))
+			fail(&res, fmt.Errorf("error in the stream: %s", chunk.Error))
 			return res, ""
 		}
 		for _, ch := range chunk.Choices {
@@ -361,9 +329,9 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 		res.ITL = (res.E2E - res.TTFT) / time.Duration(chunks-1)
 	}
 	if err := sc.Err(); err != nil {
-		res.fail(err)
+		fail(&res, err)
 	} else if !sawDone {
-		res.fail(errors.New("stream ended without [DONE]"))
+		fail(&res, errors.New("stream ended without [DONE]"))
 	}
 	return res, reply.String()
 }

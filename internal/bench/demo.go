@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -30,7 +31,7 @@ type DemoConfig struct {
 // RunDemo runs the demo workload once per policy, each on a fresh emulated
 // fleet (cold caches) with the same sessions: RunBench with the demo's
 // defaults.
-func RunDemo(ctx context.Context, cfg DemoConfig) (*Report, error) {
+func RunDemo(ctx context.Context, cfg DemoConfig) (*results.Report, error) {
 	if cfg.Backends <= 0 {
 		cfg.Backends = 4
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/balancer"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -34,7 +35,7 @@ type FleetConfig struct {
 	Profile engine.Profile
 	// TimeScale is wall time per model second (0.1 = ten times faster).
 	TimeScale float64
-	// Policy is the router's --policy, or a real balancer (Balancers())
+	// Policy is the router's --policy, or a real balancer (balancer.Kinds())
 	// to put in front of the backends instead of kvroute.
 	Policy string
 	// Seed seeds the policy and the emulators.
@@ -58,7 +59,7 @@ type Fleet struct {
 
 	cancel   context.CancelFunc
 	servers  []*http.Server
-	balancer *Balancer // when a real balancer fronts the fleet
+	balancer *balancer.Balancer // when a real balancer fronts the fleet
 }
 
 // StartFleet starts cfg.Backends emulators and a router in front of them,
@@ -94,7 +95,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	}
 	if IsBalancer(cfg.Policy) {
 		// A real balancer in front instead of kvroute.
-		b, err := StartBalancer(ctx, cfg.Policy, urls, logger)
+		b, err := balancer.Start(ctx, cfg.Policy, urls, logger)
 		if err != nil {
 			return fail(err)
 		}
@@ -212,9 +213,9 @@ func (f *Fleet) Close() {
 	}
 }
 
-// IsBalancer reports whether name is one of Balancers().
+// IsBalancer reports whether name is one of balancer.Kinds().
 func IsBalancer(name string) bool {
-	for _, b := range Balancers() {
+	for _, b := range balancer.Kinds() {
 		if b == name {
 			return true
 		}

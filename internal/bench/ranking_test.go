@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -32,7 +33,7 @@ func TestRoutingQualityRanking(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	by := map[string]Summary{}
+	by := map[string]results.Summary{}
 	// The TTFTs the emulators measured in model time: the client's own clock
 	// carries the machine's noise, multiplied by 1/TimeScale.
 	serverTTFT := map[string]time.Duration{}

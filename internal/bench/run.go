@@ -10,9 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
-
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/progress"
+	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -30,7 +30,7 @@ type Config struct {
 	// to start from a cold cache all the same; their KV capacity is
 	// unknown, so there is no ideal-router bound.
 	BackendURLs []string
-	// Policies are kvroute --policy values or real balancers (Balancers()).
+	// Policies are kvroute --policy values or real balancers (balancer.Kinds()).
 	Policies []string
 	// TimeScale is wall seconds per model second.
 	TimeScale float64
@@ -56,7 +56,7 @@ const blockTokens = 16
 
 // RunBench plays cfg.Workload through every policy, each on a fresh fleet with
 // cold caches, and returns what it measured.
-func RunBench(ctx context.Context, cfg Config) (*Report, error) {
+func RunBench(ctx context.Context, cfg Config) (*results.Report, error) {
 	if cfg.Sample <= 0 {
 		cfg.Sample = time.Second
 	}
@@ -65,7 +65,7 @@ func RunBench(ctx context.Context, cfg Config) (*Report, error) {
 		cfg.Backends, cfg.TimeScale = len(cfg.BackendURLs), 1
 		cfg.Profile = engine.Profile{Name: "real servers"}
 	}
-	rep := &Report{
+	rep := &results.Report{
 		Workload:           cfg.Workload.Name,
 		Description:        cfg.Workload.Description,
 		Backends:           cfg.Backends,
@@ -85,10 +85,10 @@ func RunBench(ctx context.Context, cfg Config) (*Report, error) {
 			// only; the first run's requests carry the block hashes.
 			if real {
 				// Capacity unknown: only the unlimited bound holds.
-				rep.Bounds = CacheBounds(run.Requests, blockTokens, math.MaxInt32)
+				rep.Bounds = results.CacheBounds(run.Requests, blockTokens, math.MaxInt32)
 				rep.Bounds.Ideal = 0
 			} else {
-				rep.Bounds = CacheBounds(run.Requests, blockTokens, cfg.Backends*cfg.Profile.Blocks())
+				rep.Bounds = results.CacheBounds(run.Requests, blockTokens, cfg.Backends*cfg.Profile.Blocks())
 			}
 			for j := range run.Requests {
 				run.Requests[j].PromptBlocks, run.Requests[j].SequenceBlocks = nil, nil
@@ -110,7 +110,7 @@ func RunBench(ctx context.Context, cfg Config) (*Report, error) {
 }
 
 // runOnce plays sessions through one policy on a fresh fleet.
-func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload.Session, recordBlocks bool) (*Run, error) {
+func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload.Session, recordBlocks bool) (*results.Run, error) {
 	f, err := StartFleet(ctx, FleetConfig{
 		BackendURLs: cfg.BackendURLs,
 		Backends:    cfg.Backends, Profile: cfg.Profile, TimeScale: cfg.TimeScale,
@@ -121,10 +121,10 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 	}
 	defer f.Close()
 
-	var done func(Result)
+	var done func(results.Result)
 	if cfg.Progress != nil {
-		bar := ProgressBar(cfg.Progress, requests(sessions), policy)
-		done = func(Result) { bar.Add(1) }
+		bar := progress.Bar(cfg.Progress, requests(sessions), policy)
+		done = func(results.Result) { bar.Add(1) }
 	}
 	sampler := f.sampleLoad(ctx, cfg.Sample, cfg.TimeScale)
 	c := &Client{BaseURL: f.URL, Model: f.Model, TimeScale: cfg.TimeScale, Users: cfg.Users}
@@ -135,15 +135,15 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 	if recordBlocks {
 		c.BlockTokens = blockTokens
 	}
-	results := c.Run(ctx, sessions, done)
+	reqs := c.Run(ctx, sessions, done)
 	series := sampler.stop()
-	run := &Run{Policy: policy, Requests: results, Backends: series}
-	run.Summary = Summarize(policy, results)
+	run := &results.Run{Policy: policy, Requests: reqs, Backends: series}
+	run.Summary = results.Summarize(policy, reqs)
 	busy := make([]time.Duration, len(series))
 	for i, s := range series {
 		busy[i] = s.Busy
 	}
-	run.Summary.Imbalance = Imbalance(busy)
+	run.Summary.Imbalance = results.Imbalance(busy)
 	return run, nil
 }
 
@@ -208,7 +208,7 @@ type loadSampler struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	mu     sync.Mutex
-	series []BackendSeries
+	series []results.BackendSeries
 	// first and last are the readings at the start and the latest; the
 	// totals are their difference, since real backends did not start with
 	// this run.
@@ -219,7 +219,7 @@ type loadSampler struct {
 // time.
 func (f *Fleet) sampleLoad(ctx context.Context, interval time.Duration, scale float64) *loadSampler {
 	ctx, cancel := context.WithCancel(ctx)
-	s := &loadSampler{f: f, cancel: cancel, series: make([]BackendSeries, len(f.Names))}
+	s := &loadSampler{f: f, cancel: cancel, series: make([]results.BackendSeries, len(f.Names))}
 	for i := range s.series {
 		s.series[i].Name = f.Names[i]
 	}
@@ -252,13 +252,13 @@ func (s *loadSampler) take(ctx context.Context, at time.Duration) {
 	defer s.mu.Unlock()
 	s.last = st
 	for i, b := range st {
-		s.series[i].Samples = append(s.series[i].Samples, LoadSample{At: at, Running: b.running, Waiting: b.waiting, KVUsage: b.kvUsage})
+		s.series[i].Samples = append(s.series[i].Samples, results.LoadSample{At: at, Running: b.running, Waiting: b.waiting, KVUsage: b.kvUsage})
 	}
 }
 
 // stop ends sampling and returns the series with the backends' totals for
 // the run.
-func (s *loadSampler) stop() []BackendSeries {
+func (s *loadSampler) stop() []results.BackendSeries {
 	s.cancel()
 	s.wg.Wait()
 	s.mu.Lock()
@@ -276,14 +276,14 @@ func (s *loadSampler) stop() []BackendSeries {
 // sped up or slowed down) at which the policy's p99 TTFT stays under
 // cfg.Goodput: doubling the rate from half the workload's until the SLO
 // breaks, then bisecting twice.
-func searchGoodput(ctx context.Context, cfg Config, policy string) (*Goodput, error) {
+func searchGoodput(ctx context.Context, cfg Config, policy string) (*results.Goodput, error) {
 	sessions := cfg.Workload.Sessions
 	last := sessions[len(sessions)-1].Start
 	if last <= 0 || cfg.Users > 0 {
 		return nil, fmt.Errorf("goodput needs an open-loop workload with arrival times")
 	}
 	base := float64(len(sessions)) / last.Seconds() // sessions per second
-	g := &Goodput{SLO: cfg.Goodput}
+	g := &results.Goodput{SLO: cfg.Goodput}
 	trial := func(speed float64) (bool, error) {
 		scaled := make([]workload.Session, len(sessions))
 		copy(scaled, sessions)
@@ -298,7 +298,7 @@ func searchGoodput(ctx context.Context, cfg Config, policy string) (*Goodput, er
 		}
 		s := run.Summary
 		met := s.Errors == 0 && s.TTFTP99 <= cfg.Goodput
-		g.Points = append(g.Points, GoodputPoint{Rate: base * speed, TTFTP99: s.TTFTP99, Errors: s.Errors, Met: met})
+		g.Points = append(g.Points, results.GoodputPoint{Rate: base * speed, TTFTP99: s.TTFTP99, Errors: s.Errors, Met: met})
 		if met {
 			g.Rate = math.Max(g.Rate, base*speed)
 		}
@@ -335,17 +335,4 @@ func searchGoodput(ctx context.Context, cfg Config, policy string) (*Goodput, er
 		}
 	}
 	return g, nil
-}
-
-// ProgressBar is the bar a run shows on w while it plays n requests through
-// policy: one line per policy, the same in bench and sim.
-func ProgressBar(w io.Writer, n int, policy string) *progressbar.ProgressBar {
-	return progressbar.NewOptions(n,
-		progressbar.OptionSetWriter(w),
-		progressbar.OptionSetDescription(fmt.Sprintf("%-20s", policy)),
-		progressbar.OptionShowCount(),
-		progressbar.OptionSetWidth(30),
-		progressbar.OptionThrottle(200*time.Millisecond),
-		progressbar.OptionOnCompletion(func() { fmt.Fprintln(w) }),
-	)
 }

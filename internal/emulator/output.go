@@ -1,12 +1,9 @@
 package emulator
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
 	"net/http"
-
-	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/openai"
@@ -73,26 +70,7 @@ func contextTooLong(limit, prompt, output int, what string) *openai.Error {
 
 // outputSeed derives the seed of a request's output from the server's seed
 // and the prompt, so that an equal prompt gets an equal reply.
-func (s *Server) outputSeed(prompt []int32) uint64 { return ReplySeed(s.seed, prompt) }
-
-// ReplySeed is the seed of the reply a server with seed serverSeed gives to
-// prompt: tokenizer.Generate(ReplySeed(seed, prompt), n) is its reply of n
-// tokens. The fleet simulator uses it to give the replies an emulator would.
-func ReplySeed(serverSeed uint64, prompt []int32) uint64 {
-	var d xxhash.Digest
-	var buf [4 * 256]byte
-	binary.LittleEndian.PutUint64(buf[:8], serverSeed)
-	_, _ = d.Write(buf[:8])
-	for len(prompt) > 0 {
-		n := min(len(prompt), len(buf)/4)
-		for i, t := range prompt[:n] {
-			binary.LittleEndian.PutUint32(buf[4*i:], uint32(t))
-		}
-		_, _ = d.Write(buf[:4*n])
-		prompt = prompt[n:]
-	}
-	return d.Sum64()
-}
+func (s *Server) outputSeed(prompt []int32) uint64 { return tokenizer.ReplySeed(s.seed, prompt) }
 
 // naturalLength is the length, EOT included, of the reply a request with no
 // token limit gets: log-uniform in [minNaturalTokens, maxNaturalTokens], so

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/shareddata"
+	"github.com/kvroute/kvroute/internal/shareddata/sharedtest"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -15,7 +15,7 @@ var sinkStats Stats
 // virtual time, with arrivals stretched to 3 requests/s, and reports how many
 // times faster than real time the model runs.
 func BenchmarkEngineMooncake(b *testing.B) {
-	trace, err := workload.LoadMooncake(shareddata.Require(b, "mooncake/conversation_trace.jsonl"))
+	trace, err := workload.LoadMooncake(sharedtest.Require(b, "mooncake/conversation_trace.jsonl"))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -115,7 +116,7 @@ func TestLlamaServerFleet(t *testing.T) {
 				}
 			}
 		}
-		for _, s := range []bench.Summary{kv, rr} {
+		for _, s := range []results.Summary{kv, rr} {
 			if s.Errors > 0 || s.Requests != 18 {
 				t.Fatalf("%s: %d requests, %d errors", s.Name, s.Requests, s.Errors)
 			}

@@ -1,6 +1,6 @@
 // Package shareddata finds the project's shared data files (real traces and
 // prompts that are not part of the repository), which live in ../shared/data
-// beside the checkout.
+// beside the checkout. Tests take them through package sharedtest.
 package shareddata
 
 import (
@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"testing"
 )
 
 // ErrMissing means the shared data directory or a file in it is absent.
@@ -36,19 +35,4 @@ func Path(name string) (string, error) {
 		}
 		dir = parent
 	}
-}
-
-// Require returns the path of name for a test or benchmark. A missing file
-// fails the test under CI (CI=true), where the data must be present, and
-// skips it elsewhere.
-func Require(tb testing.TB, name string) string {
-	tb.Helper()
-	p, err := Path(name)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatalf("%v (CI expects ../shared/data beside the checkout)", err)
-		}
-		tb.Skip(err)
-	}
-	return p
 }

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/shareddata"
+	"github.com/kvroute/kvroute/internal/shareddata/sharedtest"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -17,7 +17,7 @@ import (
 // and with the trace's 512. The full-scale run (1,000 servers, a million
 // requests) is a `kvroute sim` command in docs/BENCHMARKS.md.
 func BenchmarkSimMooncake(b *testing.B) {
-	path := shareddata.Require(b, "mooncake/conversation_trace.jsonl")
+	path := sharedtest.Require(b, "mooncake/conversation_trace.jsonl")
 	w, err := workload.Load("mooncake:"+path, workload.Options{Duration: 2 * time.Minute, Compress: 2})
 	if err != nil {
 		b.Fatal(err)

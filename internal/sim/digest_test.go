@@ -9,7 +9,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/internal/router"
-	"github.com/kvroute/kvroute/internal/shareddata"
+	"github.com/kvroute/kvroute/internal/shareddata/sharedtest"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -68,7 +68,7 @@ func TestDecisionsUnchanged(t *testing.T) {
 		"session-hash": 0xe35a22d9d7be21ed, "sglang-cache-aware": 0xc029dc1a5249b18d,
 	})
 
-	w, err := workload.Load("mooncake:"+shareddata.Require(t, "mooncake/conversation_trace.jsonl"),
+	w, err := workload.Load("mooncake:"+sharedtest.Require(t, "mooncake/conversation_trace.jsonl"),
 		workload.Options{Duration: 90 * time.Second, Compress: 2})
 	if err != nil {
 		t.Fatal(err)

@@ -8,9 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/bench"
-	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/tokenizer"
 	"github.com/kvroute/kvroute/internal/workload"
@@ -136,7 +135,7 @@ func (s *simulation) send(i int) {
 		ss.conv.add(turn.MessageRole(), turn.Text())
 		s.tokBuf = tokenizer.EncodeChat(s.tokBuf[:0], ss.conv.msgs, true)
 		promptLen := len(s.tokBuf)
-		ids, pieces := tokenizer.Generate(emulator.ReplySeed(s.cfg.Seed, s.tokBuf), turn.MaxTokens)
+		ids, pieces := tokenizer.Generate(tokenizer.ReplySeed(s.cfg.Seed, s.tokBuf), turn.MaxTokens)
 		f.reply = strings.Join(pieces, "")
 		s.tokBuf = append(s.tokBuf, ids...)
 		f.hashes = engine.HashTokens(f.hashes[:0], s.tokBuf, bs)
@@ -213,7 +212,7 @@ func tokenHashes(dst []uint64, t *workload.Turn, tile int32, blockSize int) []ui
 func (s *simulation) fail(f *flight, status int, err error) {
 	i := int(f.session)
 	ss := &s.sessions[i]
-	res := bench.Result{Session: int(s.order[i].base), Turn: int(ss.turn), Status: status,
+	res := results.Result{Session: int(s.order[i].base), Turn: int(ss.turn), Status: status,
 		Heavy: s.turnOf(i).Heavy, Sent: f.sent, Err: err, Error: err.Error()}
 	if f.t != nil {
 		res.Backend, res.Route = f.t.Backend.Name, f.t.Reason
@@ -235,7 +234,7 @@ func (s *simulation) finish(f *flight) {
 		TTFT: ttft, Latency: e2e, Tokens: r.Output})
 	i := int(f.session)
 	ss := &s.sessions[i]
-	res := bench.Result{
+	res := results.Result{
 		Session: int(s.order[i].base), Turn: int(ss.turn), Heavy: s.turnOf(i).Heavy,
 		Backend: f.t.Backend.Name, Route: f.t.Reason, Status: http.StatusOK,
 		Sent: f.sent, TTFT: ttft, E2E: e2e, ServerTTFT: r.FirstToken - r.Arrival,
@@ -262,7 +261,7 @@ func (s *simulation) finish(f *flight) {
 	}
 }
 
-func (s *simulation) record(r bench.Result) {
+func (s *simulation) record(r results.Result) {
 	s.results = append(s.results, r)
 	if s.progress != nil {
 		s.progress()
@@ -270,7 +269,7 @@ func (s *simulation) record(r bench.Result) {
 }
 
 // sortByBusy orders idx by the backends' busy time, busiest first.
-func sortByBusy(idx []int, bs []bench.BackendSeries) {
+func sortByBusy(idx []int, bs []results.BackendSeries) {
 	slices.SortStableFunc(idx, func(a, b int) int {
 		switch {
 		case bs[a].Busy > bs[b].Busy:

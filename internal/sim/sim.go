@@ -23,10 +23,11 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/progress"
+	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -125,18 +126,18 @@ func (c Config) withDefaults() (Config, error) {
 
 // Run plays cfg.Workload through every policy, each on a fresh fleet with
 // cold caches, and returns the same report `kvroute bench` writes.
-func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
+func Run(ctx context.Context, cfg Config) (*results.Report, error) {
 	rep, _, err := RunStats(ctx, cfg)
 	return rep, err
 }
 
 // RunStats is Run, also returning each run's simulator statistics.
-func RunStats(ctx context.Context, cfg Config) (*bench.Report, []Stats, error) {
+func RunStats(ctx context.Context, cfg Config) (*results.Report, []Stats, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, nil, err
 	}
-	rep := &bench.Report{
+	rep := &results.Report{
 		Workload:           cfg.Workload.Name,
 		Description:        cfg.Workload.Description,
 		Backends:           cfg.Backends,
@@ -158,7 +159,7 @@ func RunStats(ctx context.Context, cfg Config) (*bench.Report, []Stats, error) {
 			return rep, stats, fmt.Errorf("%s: %w", policy, err)
 		}
 		if withBounds {
-			rep.Bounds = bench.CacheBounds(run.Requests, cfg.Profile.BlockSize, cfg.Backends*cfg.Profile.Blocks())
+			rep.Bounds = results.CacheBounds(run.Requests, cfg.Profile.BlockSize, cfg.Backends*cfg.Profile.Blocks())
 			for j := range run.Requests {
 				run.Requests[j].PromptBlocks, run.Requests[j].SequenceBlocks = nil, nil
 			}
@@ -171,11 +172,11 @@ func RunStats(ctx context.Context, cfg Config) (*bench.Report, []Stats, error) {
 }
 
 // sampleResults keeps at most keep results, evenly spaced, in order.
-func sampleResults(rs []bench.Result, keep int) []bench.Result {
+func sampleResults(rs []results.Result, keep int) []results.Result {
 	if keep < 0 || len(rs) <= keep {
 		return rs
 	}
-	out := make([]bench.Result, keep)
+	out := make([]results.Result, keep)
 	for i := range out {
 		out[i] = rs[i*len(rs)/keep]
 	}
@@ -183,13 +184,13 @@ func sampleResults(rs []bench.Result, keep int) []bench.Result {
 }
 
 // simulate plays the workload through one policy on a fresh fleet.
-func simulate(ctx context.Context, cfg Config, policy string, withBounds bool) (*bench.Run, Stats, error) {
+func simulate(ctx context.Context, cfg Config, policy string, withBounds bool) (*results.Run, Stats, error) {
 	s, err := newSimulation(cfg, policy, withBounds)
 	if err != nil {
 		return nil, Stats{}, err
 	}
 	if cfg.Progress != nil {
-		bar := bench.ProgressBar(cfg.Progress, cfg.Tile*cfg.Workload.Requests(), policy)
+		bar := progress.Bar(cfg.Progress, cfg.Tile*cfg.Workload.Requests(), policy)
 		s.progress = func() { bar.Add(1) }
 		defer bar.Finish()
 	}
@@ -216,7 +217,7 @@ type server struct {
 	coasting bool
 	res      engine.StepResult
 	end      uint64
-	samples  []bench.LoadSample
+	samples  []results.LoadSample
 }
 
 // replica is one router replica: a router (policy instance) with its own
@@ -256,7 +257,7 @@ type simulation struct {
 	free     []int32
 	active   int // sessions started and not ended
 
-	results  []bench.Result
+	results  []results.Result
 	events   int64
 	stepwise bool
 	progress func()
@@ -322,7 +323,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 	s.order = sessionOrder(cfg)
 	s.sessions = make([]session, len(s.order))
 	// A million results grown by appending would be copied twice over.
-	s.results = make([]bench.Result, 0, cfg.Tile*cfg.Workload.Requests())
+	s.results = make([]results.Result, 0, cfg.Tile*cfg.Workload.Requests())
 	return s, nil
 }
 
@@ -509,26 +510,26 @@ func (s *simulation) sample() {
 	for i := range s.servers {
 		s.servers[i].eng.Settle(s.now)
 		st := s.servers[i].eng.Stats()
-		s.servers[i].samples = append(s.servers[i].samples, bench.LoadSample{At: s.now, Running: st.Running, Waiting: st.Waiting, KVUsage: st.KVUsage})
+		s.servers[i].samples = append(s.servers[i].samples, results.LoadSample{At: s.now, Running: st.Running, Waiting: st.Waiting, KVUsage: st.KVUsage})
 	}
 }
 
 // report builds the run's measurements.
-func (s *simulation) report(policy string) *bench.Run {
-	run := &bench.Run{Policy: policy, Requests: s.results}
-	run.Summary = bench.Summarize(policy, s.results)
+func (s *simulation) report(policy string) *results.Run {
+	run := &results.Run{Policy: policy, Requests: s.results}
+	run.Summary = results.Summarize(policy, s.results)
 	busy := make([]time.Duration, len(s.servers))
-	run.Backends = make([]bench.BackendSeries, len(s.servers))
+	run.Backends = make([]results.BackendSeries, len(s.servers))
 	for i := range s.servers {
 		st := s.servers[i].eng.Stats()
 		busy[i] = st.BusyTime
-		run.Backends[i] = bench.BackendSeries{
+		run.Backends[i] = results.BackendSeries{
 			Name: fmt.Sprintf("gpu%d", i), Busy: st.BusyTime,
 			PromptTokens: st.PrefixQueries, CachedTokens: st.PrefixHits,
 			Samples: s.servers[i].samples,
 		}
 	}
-	run.Summary.Imbalance = bench.Imbalance(busy)
+	run.Summary.Imbalance = results.Imbalance(busy)
 	trimSamples(run.Backends, maxSampledBackends)
 	return run
 }
@@ -540,7 +541,7 @@ const maxSampledBackends = 32
 
 // trimSamples keeps the samples of at most keep backends: the busiest half
 // and the least busy half, which show the spread.
-func trimSamples(bs []bench.BackendSeries, keep int) {
+func trimSamples(bs []results.BackendSeries, keep int) {
 	if len(bs) <= keep {
 		return
 	}

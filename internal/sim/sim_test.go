@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/engine"
-	"github.com/kvroute/kvroute/internal/shareddata"
+	"github.com/kvroute/kvroute/internal/shareddata/sharedtest"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -201,7 +201,7 @@ func TestCoastingChangesNothing(t *testing.T) {
 	if !raceEnabled {
 		// The real trace on 64 servers (7,344 requests), with 16- and
 		// 512-token blocks: long decodes, evictions, many servers.
-		w, err := workload.Load("mooncake:"+shareddata.Require(t, "mooncake/conversation_trace.jsonl"),
+		w, err := workload.Load("mooncake:"+sharedtest.Require(t, "mooncake/conversation_trace.jsonl"),
 			workload.Options{Duration: 5 * time.Minute, Compress: 2})
 		if err != nil {
 			t.Fatal(err)

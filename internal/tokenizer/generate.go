@@ -1,9 +1,12 @@
 package tokenizer
 
 import (
+	"encoding/binary"
 	"math/bits"
 	"math/rand/v2"
 	"strings"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // genWords are the words Generate writes. Each has at most three ASCII
@@ -71,6 +74,27 @@ func buildGenTable() [len(genWords)]genForms {
 // genStream is the second PCG seed word. It is fixed so that Generate's
 // output is a function of seed alone; changing it changes every answer.
 const genStream = 0x6b76726f75746531 // "kvroute1"
+
+// ReplySeed is the seed of the reply a server with seed serverSeed gives to
+// prompt: Generate(ReplySeed(seed, prompt), n) is its reply of n tokens, so
+// an equal prompt gets an equal reply. The emulator seeds its replies with
+// it, and the fleet simulator uses it to give the replies an emulator would.
+// It is safe for concurrent use.
+func ReplySeed(serverSeed uint64, prompt []int32) uint64 {
+	var d xxhash.Digest
+	var buf [4 * 256]byte
+	binary.LittleEndian.PutUint64(buf[:8], serverSeed)
+	_, _ = d.Write(buf[:8])
+	for len(prompt) > 0 {
+		n := min(len(prompt), len(buf)/4)
+		for i, t := range prompt[:n] {
+			binary.LittleEndian.PutUint32(buf[4*i:], uint32(t))
+		}
+		_, _ = d.Write(buf[:4*n])
+		prompt = prompt[n:]
+	}
+	return d.Sum64()
+}
 
 // Generate returns n deterministic output tokens for seed: ids[i] is the id
 // of pieces[i], the piece's text. The text is English-looking words with an

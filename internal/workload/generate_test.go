@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/shareddata"
+	"github.com/kvroute/kvroute/internal/shareddata/sharedtest"
 	"github.com/kvroute/kvroute/internal/tokenizer"
 )
 
@@ -68,7 +68,7 @@ func TestLoadRejectsBadSpecs(t *testing.T) {
 }
 
 func TestRealTraces(t *testing.T) {
-	mc := shareddata.Require(t, "mooncake/conversation_trace.jsonl")
+	mc := sharedtest.Require(t, "mooncake/conversation_trace.jsonl")
 	w, err := Load("mooncake:"+mc, Options{Duration: 5 * time.Minute, Compress: 5})
 	if err != nil {
 		t.Fatal(err)
@@ -85,12 +85,12 @@ func TestRealTraces(t *testing.T) {
 	if got := tokenizer.Count(first.Text()); got != first.Tokens {
 		t.Errorf("first request has %d tokens, the trace says %d", got, first.Tokens)
 	}
-	az := shareddata.Require(t, "azure/AzureLLMInferenceTrace_conv.csv")
+	az := sharedtest.Require(t, "azure/AzureLLMInferenceTrace_conv.csv")
 	w, err = Load("azure:"+az, Options{Duration: time.Minute})
 	if err != nil || len(w.Sessions) < 50 || !strings.Contains(w.Description, "Azure") {
 		t.Fatalf("azure: %d requests, %v", len(w.Sessions), err)
 	}
-	mt := shareddata.Require(t, DefaultMTBench)
+	mt := sharedtest.Require(t, DefaultMTBench)
 	w, err = Load("multiturn:"+mt, Options{Seed: 1, Duration: time.Minute})
 	if err != nil || len(w.Sessions) == 0 || len(w.Sessions[0].Turns) != 6 {
 		t.Fatalf("multiturn: %v", err)

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/shareddata"
+	"github.com/kvroute/kvroute/internal/shareddata/sharedtest"
 )
 
 func TestReadMooncake(t *testing.T) {
@@ -43,7 +43,7 @@ func TestReadMooncake(t *testing.T) {
 
 // The real trace matches the facts its README states.
 func TestMooncakeConversationTrace(t *testing.T) {
-	reqs, err := LoadMooncake(shareddata.Require(t, "mooncake/conversation_trace.jsonl"))
+	reqs, err := LoadMooncake(sharedtest.Require(t, "mooncake/conversation_trace.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}

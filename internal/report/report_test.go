@@ -1,4 +1,4 @@
-package bench
+package report
 
 import (
 	"bytes"
@@ -14,13 +14,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/results"
 )
 
 // sampleReport builds a plausible three-policy run: kvroute fast with a high
 // hit rate, round-robin slow with a long tail, least-request in between.
-func sampleReport() *Report {
+func sampleReport() *results.Report {
 	rng := rand.New(rand.NewPCG(1, 2))
-	r := &Report{
+	r := &results.Report{
 		Workload:           "mooncake:conversation_trace.jsonl",
 		Description:        "Multi-turn conversations sharing long system prompts, replayed at 6 requests/s.",
 		Backends:           4,
@@ -29,7 +31,7 @@ func sampleReport() *Report {
 		TimeScale:          0.1,
 		Seed:               42,
 		Created:            time.Date(2025, 3, 14, 9, 26, 53, 0, time.UTC),
-		Bounds:             Bounds{Unlimited: 0.834, Ideal: 0.712},
+		Bounds:             results.Bounds{Unlimited: 0.834, Ideal: 0.712},
 	}
 	type shape struct {
 		policy       string
@@ -43,12 +45,12 @@ func sampleReport() *Report {
 		{"least-request", 500 * time.Millisecond, 0.9, 0.38, 0.05, 0},
 		{"kvroute", 120 * time.Millisecond, 0.8, 0.66, 0.25, 0},
 	} {
-		var results []Result
+		var reqs []results.Result
 		for i := range 400 {
 			sent := time.Duration(float64(300*time.Second) * float64(i) / 400)
 			ttft := time.Duration(float64(sh.ttftMedian) * math.Exp(sh.spread*rng.NormFloat64()))
 			prompt := 2000 + rng.IntN(6000)
-			res := Result{
+			res := results.Result{
 				Session: i / 5, Turn: i % 5, Backend: fmt.Sprintf("gpu%d", i%4), Route: "prefix",
 				Status: 200, Sent: sent, TTFT: ttft, E2E: ttft + 4*time.Second, ITL: 20*time.Millisecond + time.Duration(rng.IntN(10))*time.Millisecond,
 				PromptTokens: prompt, CachedTokens: int(sh.hit * float64(prompt)), CompletionTokens: 200,
@@ -56,33 +58,33 @@ func sampleReport() *Report {
 			if rng.IntN(100) < sh.errorPercent {
 				res.Status, res.Error = 503, "no backend available"
 			}
-			results = append(results, res)
+			reqs = append(reqs, res)
 		}
-		run := Run{Policy: sh.policy, Requests: results}
+		run := results.Run{Policy: sh.policy, Requests: reqs}
 		var busy []time.Duration
 		for b := range 4 {
 			share := 1.0
 			if b == 0 {
 				share += sh.skew
 			}
-			bs := BackendSeries{
+			bs := results.BackendSeries{
 				Name: fmt.Sprintf("gpu%d", b), Busy: time.Duration(share * float64(200*time.Second)),
 				PromptTokens: 1_000_000, CachedTokens: int64(sh.hit * 1_000_000),
 			}
 			for k := range 620 { // more than the chart keeps
 				at := time.Duration(k) * 500 * time.Millisecond
 				wave := 6 + 4*math.Sin(float64(k)/40+float64(b))
-				bs.Samples = append(bs.Samples, LoadSample{
+				bs.Samples = append(bs.Samples, results.LoadSample{
 					At: at, Running: int(wave * share), Waiting: rng.IntN(3) + int(sh.skew*10)*boolInt(b == 0), KVUsage: 0.5,
 				})
 			}
 			busy = append(busy, bs.Busy)
 			run.Backends = append(run.Backends, bs)
 		}
-		run.Summary = Summarize(sh.policy, results)
-		run.Summary.Imbalance = Imbalance(busy)
+		run.Summary = results.Summarize(sh.policy, reqs)
+		run.Summary.Imbalance = results.Imbalance(busy)
 		if sh.policy == "kvroute" {
-			run.Goodput = &Goodput{SLO: 2 * time.Second, Rate: 8, Points: []GoodputPoint{
+			run.Goodput = &results.Goodput{SLO: 2 * time.Second, Rate: 8, Points: []results.GoodputPoint{
 				{Rate: 4, TTFTP99: 600 * time.Millisecond, Met: true},
 				{Rate: 8, TTFTP99: 1800 * time.Millisecond, Met: true},
 				{Rate: 16, TTFTP99: 9 * time.Second, Errors: 3},
@@ -101,10 +103,10 @@ func boolInt(b bool) int {
 	return 0
 }
 
-func render(t *testing.T, r *Report) string {
+func render(t *testing.T, r *results.Report) string {
 	t.Helper()
 	var buf bytes.Buffer
-	if err := r.RenderHTML(&buf); err != nil {
+	if err := Render(&buf, r); err != nil {
 		t.Fatalf("RenderHTML: %v", err)
 	}
 	return buf.String()
@@ -218,36 +220,36 @@ func TestReportHTMLEdgeCases(t *testing.T) {
 	nan := math.NaN()
 	tests := []struct {
 		name   string
-		report *Report
+		report *results.Report
 		want   []string
 	}{
-		{"empty", &Report{}, []string{"No runs were recorded."}},
-		{"one policy, no requests", &Report{Runs: []Run{{Policy: "kvroute"}}}, []string{"No successful requests to plot.", "No load samples."}},
-		{"zeros", &Report{Backends: 2, Runs: []Run{{
+		{"empty", &results.Report{}, []string{"No runs were recorded."}},
+		{"one policy, no requests", &results.Report{Runs: []results.Run{{Policy: "kvroute"}}}, []string{"No successful requests to plot.", "No load samples."}},
+		{"zeros", &results.Report{Backends: 2, Runs: []results.Run{{
 			Policy:   "round-robin",
-			Requests: []Result{{TTFT: 0}, {TTFT: 0}},
-			Summary:  Summary{Requests: 2},
-			Backends: []BackendSeries{{Name: "a", Samples: []LoadSample{{}, {}}}, {Name: "b"}},
-			Goodput:  &Goodput{},
+			Requests: []results.Result{{TTFT: 0}, {TTFT: 0}},
+			Summary:  results.Summary{Requests: 2},
+			Backends: []results.BackendSeries{{Name: "a", Samples: []results.LoadSample{{}, {}}}, {Name: "b"}},
+			Goodput:  &results.Goodput{},
 		}}}, []string{"round-robin", "no rate tried met the SLO"}},
-		{"all failed", &Report{Runs: []Run{{
+		{"all failed", &results.Report{Runs: []results.Run{{
 			Policy:   "p2c",
-			Requests: []Result{{Error: "boom", TTFT: time.Second}},
-			Summary:  Summary{Requests: 1, Errors: 1},
+			Requests: []results.Result{{Error: "boom", TTFT: time.Second}},
+			Summary:  results.Summary{Requests: 1, Errors: 1},
 		}}}, []string{"No successful requests to plot."}},
-		{"non-finite values", &Report{
+		{"non-finite values", &results.Report{
 			TimeScale: math.Inf(1),
-			Bounds:    Bounds{Ideal: nan, Unlimited: math.Inf(1)},
-			Runs: []Run{{
+			Bounds:    results.Bounds{Ideal: nan, Unlimited: math.Inf(1)},
+			Runs: []results.Run{{
 				Policy:   "kvroute",
-				Requests: []Result{{TTFT: time.Millisecond}, {TTFT: 3 * time.Millisecond}},
-				Summary:  Summary{Requests: 2, HitRate: nan, PromptTokens: 10, Imbalance: math.Inf(1), OutputTokensPerSec: nan, Span: time.Second},
-				Backends: []BackendSeries{{Name: "a", Busy: time.Second, Samples: []LoadSample{{At: time.Second, Running: 1}}}},
-				Goodput:  &Goodput{Rate: nan, SLO: time.Second, Points: []GoodputPoint{{Rate: nan}}},
+				Requests: []results.Result{{TTFT: time.Millisecond}, {TTFT: 3 * time.Millisecond}},
+				Summary:  results.Summary{Requests: 2, HitRate: nan, PromptTokens: 10, Imbalance: math.Inf(1), OutputTokensPerSec: nan, Span: time.Second},
+				Backends: []results.BackendSeries{{Name: "a", Busy: time.Second, Samples: []results.LoadSample{{At: time.Second, Running: 1}}}},
+				Goodput:  &results.Goodput{Rate: nan, SLO: time.Second, Points: []results.GoodputPoint{{Rate: nan}}},
 			}, {
 				Policy:  "round-robin",
-				Summary: Summary{Requests: 2, HitRate: math.Inf(-1), PromptTokens: 10},
-				Goodput: &Goodput{Rate: math.Inf(1)},
+				Summary: results.Summary{Requests: 2, HitRate: math.Inf(-1), PromptTokens: 10},
+				Goodput: &results.Goodput{Rate: math.Inf(1)},
 			}},
 		}, []string{"kvroute", "round-robin"}},
 	}
@@ -283,7 +285,7 @@ func TestReportHTMLEscapes(t *testing.T) {
 func TestReportWriteHTML(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "out")
 	r := sampleReport()
-	if err := r.WriteHTML(dir); err != nil {
+	if err := WriteHTML(dir, r); err != nil {
 		t.Fatal(err)
 	}
 	data, err := os.ReadFile(filepath.Join(dir, "report.html"))

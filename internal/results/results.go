@@ -1,4 +1,9 @@
-package bench
+// Package results is what a bench or simulator run measured: the
+// per-request results, their summaries, the cache-hit bounds of the
+// workload, and the table and JSON they are written as. The live driver
+// (package bench) and the simulator (package sim) both produce a Report;
+// package report renders it as HTML.
+package results
 
 import (
 	"encoding/json"
@@ -7,6 +12,44 @@ import (
 	"path/filepath"
 	"time"
 )
+
+// Result is one request as the client saw it. Times are in model time.
+type Result struct {
+	// Session and Turn identify the request in its workload.
+	Session int `json:"session"`
+	Turn    int `json:"turn"`
+	// Heavy marks a turn carrying a long document.
+	Heavy bool `json:"heavy,omitempty"`
+	// Backend and Route are the router's X-Kvroute-Backend and
+	// X-Kvroute-Route headers (empty without a router).
+	Backend string `json:"backend,omitempty"`
+	Route   string `json:"route,omitempty"`
+	// Status is the HTTP status; 0 if the request failed before one.
+	Status int `json:"status"`
+	// Err is set when the request failed; Error is its text.
+	Err   error  `json:"-"`
+	Error string `json:"error,omitempty"`
+	// Sent is when the request was sent, from the start of the run.
+	Sent time.Duration `json:"sent_ns"`
+	// TTFT is the time to the first content token; E2E to the end.
+	TTFT time.Duration `json:"ttft_ns"`
+	E2E  time.Duration `json:"e2e_ns"`
+	// ITL is the mean time between content chunks after the first; 0
+	// with fewer than two.
+	ITL time.Duration `json:"itl_ns"`
+	// ServerTTFT is the TTFT the backend itself reported (the emulator's
+	// X-Kvroute-Model-Ttft trailer; llama-server's timings.prompt_ms, its
+	// prefill compute without the wait for a slot), free of the client's
+	// and the router's wall-clock noise; 0 when not reported.
+	ServerTTFT time.Duration `json:"server_ttft_ns,omitempty"`
+	// PromptTokens, CachedTokens and CompletionTokens are the response's usage.
+	PromptTokens     int `json:"prompt_tokens"`
+	CachedTokens     int `json:"cached_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	// PromptBlocks and SequenceBlocks are the block hashes recorded when
+	// bench.Client.BlockTokens is set (or by the simulator).
+	PromptBlocks, SequenceBlocks []uint64 `json:"-"`
+}
 
 // Report is everything one `kvroute bench` run measured: the same workload
 // on the same fleet once per policy. It is written as results.json and

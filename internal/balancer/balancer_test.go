@@ -1,4 +1,4 @@
-package bench
+package balancer
 
 import (
 	"bufio"
@@ -23,7 +23,7 @@ import (
 	"github.com/kvroute/kvroute/internal/emulator"
 )
 
-// balancerWants says what each kind must do; every kind Balancers lists
+// balancerWants says what each kind must do; every kind Kinds lists
 // needs an entry.
 var balancerWants = map[string]struct {
 	sticky    bool // same X-Session-ID, same backend
@@ -41,7 +41,7 @@ var balancerWants = map[string]struct {
 // fails it under CI, whose .ci/run must install it.
 func requireBalancer(t *testing.T, kind string) {
 	t.Helper()
-	ok, why := BalancerAvailable(kind)
+	ok, why := Available(kind)
 	if ok {
 		return
 	}
@@ -180,7 +180,7 @@ func get(t *testing.T, c *http.Client, base, path, session string) (backend, got
 // as its kind says, passes X-Session-ID through, streams event by event,
 // carries an emulator's chat completion and stops cleanly.
 func TestBalancer(t *testing.T) {
-	for _, kind := range Balancers() {
+	for _, kind := range Kinds() {
 		t.Run(kind, func(t *testing.T) {
 			want, ok := balancerWants[kind]
 			if !ok {
@@ -189,7 +189,7 @@ func TestBalancer(t *testing.T) {
 			requireBalancer(t, kind)
 			probe := &streamProbe{sent: map[string][]time.Time{}}
 			backends := []*testBackend{startTestBackend(t, "a", probe), startTestBackend(t, "b", probe)}
-			bal, err := StartBalancer(t.Context(), kind, []string{backends[0].url, backends[1].url}, testLogger(t))
+			bal, err := Start(t.Context(), kind, []string{backends[0].url, backends[1].url}, testLogger(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -484,12 +484,12 @@ func TestBalancerConfig(t *testing.T) {
 		{kind: "haproxy-leastconn", want: []string{"balance leastconn"}, wantNot: []string{"hash-type"}},
 		{kind: "haproxy-hdr", want: []string{"balance hdr(X-Session-ID)", "hash-type consistent"}},
 	}
-	if len(tests) != len(Balancers()) {
-		t.Fatalf("%d cases for %d kinds", len(tests), len(Balancers()))
+	if len(tests) != len(Kinds()) {
+		t.Fatalf("%d cases for %d kinds", len(tests), len(Kinds()))
 	}
 	for _, tt := range tests {
 		t.Run(tt.kind, func(t *testing.T) {
-			k, ok := findBalancer(tt.kind)
+			k, ok := findKind(tt.kind)
 			if !ok {
 				t.Fatalf("kind %s not found", tt.kind)
 			}
@@ -520,7 +520,7 @@ func TestBalancerConfig(t *testing.T) {
 	}
 }
 
-// StartBalancer rejects bad input before starting anything.
+// Start rejects bad input before starting anything.
 func TestStartBalancerErrors(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -528,7 +528,7 @@ func TestStartBalancerErrors(t *testing.T) {
 		backends []string
 		wantErr  error
 	}{
-		{name: "unknown kind", kind: "nginx-random", backends: []string{"http://127.0.0.1:1"}, wantErr: ErrUnknownBalancer},
+		{name: "unknown kind", kind: "nginx-random", backends: []string{"http://127.0.0.1:1"}, wantErr: ErrUnknownKind},
 		{name: "no backends", kind: "nginx-round-robin"},
 		{name: "https", kind: "nginx-round-robin", backends: []string{"https://127.0.0.1:1"}},
 		{name: "no scheme", kind: "haproxy-roundrobin", backends: []string{"127.0.0.1:1"}},
@@ -538,21 +538,21 @@ func TestStartBalancerErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b, err := StartBalancer(t.Context(), tt.kind, tt.backends, nil)
+			b, err := Start(t.Context(), tt.kind, tt.backends, nil)
 			if err == nil {
 				b.Close()
-				t.Fatal("StartBalancer succeeded")
+				t.Fatal("Start succeeded")
 			}
 			if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
 				t.Errorf("error %v, want %v", err, tt.wantErr)
 			}
 		})
 	}
-	if _, err := lookProgram("kvroute-no-such-balancer"); !errors.Is(err, ErrBalancerMissing) {
-		t.Errorf("lookProgram of a missing program: %v, want ErrBalancerMissing", err)
+	if _, err := lookProgram("kvroute-no-such-balancer"); !errors.Is(err, ErrNotInstalled) {
+		t.Errorf("lookProgram of a missing program: %v, want ErrNotInstalled", err)
 	}
-	if ok, why := BalancerAvailable("nginx-random"); ok || !strings.Contains(why, "unknown") {
-		t.Errorf("BalancerAvailable(nginx-random) = %v, %q", ok, why)
+	if ok, why := Available("nginx-random"); ok || !strings.Contains(why, "unknown") {
+		t.Errorf("Available(nginx-random) = %v, %q", ok, why)
 	}
 }
 
@@ -603,7 +603,7 @@ func TestBalancerLifecycle(t *testing.T) {
 					return freePort()
 				}
 				defer func() { balancerPort = freePort }()
-				bal, err := StartBalancer(t.Context(), kind, []string{backend.URL}, testLogger(t))
+				bal, err := Start(t.Context(), kind, []string{backend.URL}, testLogger(t))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -615,7 +615,7 @@ func TestBalancerLifecycle(t *testing.T) {
 
 			t.Run("context", func(t *testing.T) {
 				ctx, cancel := context.WithCancel(t.Context())
-				bal, err := StartBalancer(ctx, kind, []string{backend.URL}, testLogger(t))
+				bal, err := Start(ctx, kind, []string{backend.URL}, testLogger(t))
 				if err != nil {
 					cancel()
 					t.Fatal(err)
@@ -628,7 +628,7 @@ func TestBalancerLifecycle(t *testing.T) {
 			})
 
 			t.Run("died", func(t *testing.T) {
-				bal, err := StartBalancer(t.Context(), kind, []string{backend.URL}, testLogger(t))
+				bal, err := Start(t.Context(), kind, []string{backend.URL}, testLogger(t))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -675,12 +675,12 @@ func BenchmarkBalancerRoundTrip(b *testing.B) {
 		}
 	}
 	b.Run("direct", func(b *testing.B) { run(b, backend.URL) })
-	for _, kind := range Balancers() {
+	for _, kind := range Kinds() {
 		b.Run(kind, func(b *testing.B) {
-			if ok, why := BalancerAvailable(kind); !ok {
+			if ok, why := Available(kind); !ok {
 				b.Skip(why)
 			}
-			bal, err := StartBalancer(context.Background(), kind, []string{backend.URL}, nil)
+			bal, err := Start(context.Background(), kind, []string{backend.URL}, nil)
 			if err != nil {
 				b.Fatal(err)
 			}

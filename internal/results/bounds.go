@@ -1,4 +1,4 @@
-package bench
+package results
 
 import (
 	"math"
@@ -8,7 +8,7 @@ import (
 )
 
 // CacheBounds computes, for the requests of a run (with recorded block
-// hashes, see Client.BlockTokens), the prompt-cache hit rates that bound
+// hashes, see bench.Client.BlockTokens), the prompt-cache hit rates that bound
 // every router on this workload: with an unlimited cache, and with one LRU
 // cache of capacityBlocks blocks pooling the whole fleet and holding no
 // block twice (a perfect router at the fleet's real capacity). Requests are
