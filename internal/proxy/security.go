@@ -64,7 +64,7 @@ func newSecurity(s Security, reg prometheus.Registerer, log *slog.Logger) (*secu
 		metricsElsewhere: s.MetricsElsewhere,
 		keyRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_key_requests_total",
-			Help: "Authenticated requests by API key name and outcome (admitted, rate_limited_requests, rate_limited_tokens).",
+			Help: "Authenticated requests by API key name and outcome: admitted past the key and request-rate checks, rate_limited_requests, or rate_limited_tokens (refused later, at the tokens check, so also counted as admitted).",
 		}, []string{"key", "outcome"}),
 		keyTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_key_tokens_total",
