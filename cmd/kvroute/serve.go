@@ -26,6 +26,7 @@ type serveConfig struct {
 	policyOpts    router.Options
 	sessionHeader string
 	logLevel      slog.Level
+	security      securityConfig // securityflags.go
 }
 
 // stringList is a repeatable string flag.
@@ -57,6 +58,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.IntVar(&cfg.policyOpts.KVRoute.Replicas, "replicas", 1, "kvroute: router replicas sharing these backends behind a random split (each scales its load counts and places sessions by consistent hashing)")
 	fs.Uint64Var(&cfg.policyOpts.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug (one line per request with its decision), info, warn or error")
+	cfg.security.register(fs) // securityflags.go
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute serve --backend URL [--backend URL ...] [flags]\n\n"+
 			"Serves the OpenAI API and routes every request to the backend where it is predicted to\n"+
@@ -111,6 +113,9 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	if _, err := router.New(cfg.policy, cfg.backends, cfg.policyOpts); err != nil {
 		return cfg, err
 	}
+	if err := cfg.security.resolve(cfg.backends); err != nil { // securityflags.go
+		return cfg, err
+	}
 	return cfg, nil
 }
 
@@ -133,13 +138,14 @@ func runServe(args []string, _, stderr io.Writer) int {
 // listening address once the router serves.
 func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- string) error {
 	cfg.fleet.Logger = log
+	cfg.security.fleetOptions(&cfg.fleet) // securityflags.go: TLS to the backends
 	fl := fleet.New(cfg.backends, cfg.fleet)
 	cfg.policyOpts.Metrics = fl.Metrics // for peers that read scraped load
 	policy, err := router.New(cfg.policy, cfg.backends, cfg.policyOpts)
 	if err != nil {
 		return err
 	}
-	px, err := proxy.New(proxy.Config{Fleet: fl, Router: policy, SessionHeader: cfg.sessionHeader, Logger: log})
+	px, err := proxy.New(cfg.security.proxyConfig(proxy.Config{Fleet: fl, Router: policy, SessionHeader: cfg.sessionHeader, Logger: log}))
 	if err != nil {
 		return err
 	}
@@ -157,10 +163,15 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 		log.Info("backend", "backend", b.Name, "url", b.URL.String(), "models", info.Models, "kv_tokens", info.KVTokens(), "healthy", b.Healthy())
 	}
 	srv := &http.Server{Handler: px, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
+	ln, stopMetrics, err := cfg.security.listen(ln, px, log, errc) // securityflags.go: TLS, metrics listener
+	if err != nil {
+		return err
+	}
+	defer stopMetrics(context.Background())
 	go func() { errc <- fl.Run(ctx) }()
 	go func() { errc <- srv.Serve(ln) }()
-	log.Info("kvroute serving", "url", "http://"+ln.Addr().String(), "policy", cfg.policy, "backends", len(cfg.backends))
+	log.Info("kvroute serving", "url", cfg.security.scheme()+"://"+ln.Addr().String(), "policy", cfg.policy, "backends", len(cfg.backends))
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}

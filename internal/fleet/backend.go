@@ -19,6 +19,11 @@ type Backend struct {
 	Name string
 	// URL is the backend's base URL (scheme and host, maybe a path prefix).
 	URL *url.URL
+	// APIKey, if set, is sent to the backend as "Authorization: Bearer" on
+	// proxied requests and on probes (a vLLM started with --api-key
+	// answers 401 without it). Set it before the backend is used; it is
+	// redacted when printed.
+	APIKey Secret
 
 	healthy atomic.Bool
 	info    atomic.Pointer[Info]

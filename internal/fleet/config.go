@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -36,6 +35,11 @@ type fileConfig struct {
 	Backends []struct {
 		Name string `yaml:"name"`
 		URL  string `yaml:"url"`
+		// APIKey and APIKeyEnv give the backend's own API key (see
+		// backendKey): the key itself, or the name of the environment
+		// variable that holds it.
+		APIKey    string `yaml:"api_key"`
+		APIKeyEnv string `yaml:"api_key_env"`
 	} `yaml:"backends"`
 	// yaml.v3 parses time.Duration from strings such as "500ms" and rejects
 	// bare numbers, which would be ambiguous.
@@ -46,8 +50,9 @@ type fileConfig struct {
 // LoadConfig reads a YAML configuration file:
 //
 //	backends:
-//	  - name: a                    # optional, defaults to host:port
+//	  - name: a                    # optional, defaults to backend-N (N: its index)
 //	    url: http://127.0.0.1:8001
+//	    api_key_env: GPU_A_KEY     # or api_key: KEY; sent as Authorization: Bearer
 //	  - url: http://127.0.0.1:8002
 //	scrape_interval: 1s
 //	health_interval: 1s
@@ -99,6 +104,9 @@ func parseConfig(data []byte) (Config, error) {
 		if err != nil {
 			return Config{}, fmt.Errorf("%w: backend %d: %w", ErrInvalidConfig, i+1, err)
 		}
+		if b.APIKey, err = backendKey(e.APIKey, e.APIKeyEnv); err != nil {
+			return Config{}, fmt.Errorf("%w: backend %d: %w", ErrInvalidConfig, i+1, err)
+		}
 		cfg.Backends = append(cfg.Backends, b)
 	}
 	if err := uniqueNames(cfg.Backends); err != nil {
@@ -110,8 +118,10 @@ func parseConfig(data []byte) (Config, error) {
 // ParseBackend parses a backend spec, "[name=]URL", such as
 // "gpu0=http://10.0.0.5:8000" or "http://127.0.0.1:8001/prefix". The URL
 // must be http or https with a host, and may have a path prefix but no
-// query, fragment or user info. The name defaults to host:port (the
-// scheme's port when the URL has none). Errors wrap ErrInvalidBackend.
+// query, fragment or user info. The name defaults to "backend-N", N being
+// index: the name is sent to clients in X-Kvroute-Backend and shown in
+// metrics, and a default of host:port would publish the fleet's internal
+// addresses. Errors wrap ErrInvalidBackend.
 func ParseBackend(index int, spec string) (*Backend, error) {
 	spec = strings.TrimSpace(spec)
 	name, raw, named := "", spec, false
@@ -172,11 +182,7 @@ func newBackend(index int, name string, named bool, raw string) (*Backend, error
 	u.Path = strings.TrimRight(u.Path, "/")
 	u.RawPath = ""
 	if !named {
-		port := u.Port()
-		if port == "" {
-			port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
-		}
-		name = net.JoinHostPort(u.Hostname(), port)
+		name = DefaultName(index)
 	}
 	if err := checkName(name); err != nil {
 		return nil, err
@@ -199,14 +205,22 @@ func checkName(name string) error {
 }
 
 // uniqueNames rejects two backends with one name: the name is how logs,
-// headers and metrics tell backends apart.
+// headers and metrics tell backends apart. It also rejects one URL given
+// twice, which the host:port default names used to catch: a backend listed
+// twice would take twice its share.
 func uniqueNames(bs []*Backend) error {
 	seen := make(map[string]int, len(bs))
+	urls := make(map[string]int, len(bs))
 	for i, b := range bs {
 		if j, dup := seen[b.Name]; dup {
 			return fmt.Errorf("backends %d and %d are both named %q", j+1, i+1, b.Name)
 		}
 		seen[b.Name] = i
+		u := b.URL.String()
+		if j, dup := urls[u]; dup {
+			return fmt.Errorf("backends %d and %d have the same URL %s", j+1, i+1, u)
+		}
+		urls[u] = i
 	}
 	return nil
 }

@@ -18,14 +18,14 @@ func TestParseBackend(t *testing.T) {
 		wantURL  string
 		wantErr  string // a substring of the error; empty for success
 	}{
-		{"url only", "http://127.0.0.1:8001", "127.0.0.1:8001", "http://127.0.0.1:8001", ""},
+		{"url only", "http://127.0.0.1:8001", "backend-7", "http://127.0.0.1:8001", ""},
 		{"named", "a=http://127.0.0.1:8001", "a", "http://127.0.0.1:8001", ""},
 		{"spaces trimmed", "  gpu-0=http://10.0.0.5:8000  ", "gpu-0", "http://10.0.0.5:8000", ""},
 		{"path prefix", "east=https://llm.example.com:8443/pool/a/", "east", "https://llm.example.com:8443/pool/a", ""},
-		{"default http port", "http://vllm-0", "vllm-0:80", "http://vllm-0", ""},
-		{"default https port", "https://vllm-0", "vllm-0:443", "https://vllm-0", ""},
-		{"ipv6", "http://[::1]:8000", "[::1]:8000", "http://[::1]:8000", ""},
-		{"upper-case scheme", "HTTP://h:1", "h:1", "http://h:1", ""},
+		{"default http port", "http://vllm-0", "backend-7", "http://vllm-0", ""},
+		{"default https port", "https://vllm-0", "backend-7", "https://vllm-0", ""},
+		{"ipv6", "http://[::1]:8000", "backend-7", "http://[::1]:8000", ""},
+		{"upper-case scheme", "HTTP://h:1", "backend-7", "http://h:1", ""},
 		{"name with colon", "rack1:gpu0=http://h:1", "rack1:gpu0", "http://h:1", ""},
 
 		{"empty", "", "", "", "empty URL"},
@@ -73,9 +73,10 @@ func TestParseBackends(t *testing.T) {
 		want    []string
 		wantErr string
 	}{
-		{"indexed in order", []string{"a=http://h:1", "http://h:2"}, []string{"a", "h:2"}, ""},
+		{"indexed in order", []string{"a=http://h:1", "http://h:2"}, []string{"a", "backend-1"}, ""},
 		{"duplicate names", []string{"a=http://h:1", "a=http://h:2"}, nil, `both named "a"`},
-		{"duplicate default names", []string{"http://h:1", "http://h:1/"}, nil, `both named "h:1"`},
+		{"one URL twice", []string{"http://h:1", "x=http://h:1/"}, nil, "same URL http://h:1"},
+		{"default name taken", []string{"backend-1=http://h:1", "http://h:2"}, nil, `both named "backend-1"`},
 		{"bad spec", []string{"http://h:1", "h:2"}, nil, "must start with"},
 	}
 	for _, tt := range tests {
@@ -127,7 +128,7 @@ health_interval: 2s
 		{
 			name:         "names default, intervals unset",
 			yaml:         "backends:\n  - url: http://10.0.0.1:8000\n  - {url: 'https://gpu-2'}\n",
-			wantBackends: []backend{{"10.0.0.1:8000", "http://10.0.0.1:8000"}, {"gpu-2:443", "https://gpu-2"}},
+			wantBackends: []backend{{"backend-0", "http://10.0.0.1:8000"}, {"backend-1", "https://gpu-2"}},
 		},
 		{name: "empty file", yaml: "", wantErr: "empty file"},
 		{name: "comments only", yaml: "# nothing here\n", wantErr: "empty file"},

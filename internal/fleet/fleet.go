@@ -331,9 +331,10 @@ func (f *Fleet) each(ms []*member, fn func(*member)) {
 	wg.Wait()
 }
 
-// fetch GETs url within the probe timeout. A 2xx response's body, limited to
-// limit bytes, goes to read (if not nil); other statuses are a *StatusError.
-func (f *Fleet) fetch(ctx context.Context, url, accept string, limit int64, read func(io.Reader) error) error {
+// fetch GETs url of backend b within the probe timeout. A 2xx response's
+// body, limited to limit bytes, goes to read (if not nil); other statuses
+// are a *StatusError.
+func (f *Fleet) fetch(ctx context.Context, b *Backend, url, accept string, limit int64, read func(io.Reader) error) error {
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -343,6 +344,7 @@ func (f *Fleet) fetch(ctx context.Context, url, accept string, limit int64, read
 	if accept != "" {
 		req.Header.Set("Accept", accept)
 	}
+	b.Authorize(req.Header)
 	resp, err := f.client.Do(req)
 	if err != nil {
 		return err

@@ -55,9 +55,9 @@ func (f *Fleet) checkHealth(ctx context.Context, m *member) (discover bool) {
 // probe is one active health check: GET /health must answer 2xx. Servers
 // without /health (404) are asked for /v1/models instead.
 func (f *Fleet) probe(ctx context.Context, m *member) error {
-	err := f.fetch(ctx, m.healthURL, "", maxModelsBody, nil)
+	err := f.fetch(ctx, m.b, m.healthURL, "", maxModelsBody, nil)
 	if se := (*StatusError)(nil); errors.As(err, &se) && se.StatusCode == http.StatusNotFound {
-		err = f.fetch(ctx, m.modelsURL, "application/json", maxModelsBody, nil)
+		err = f.fetch(ctx, m.b, m.modelsURL, "application/json", maxModelsBody, nil)
 	}
 	return err
 }
@@ -78,7 +78,7 @@ func (f *Fleet) discover(ctx context.Context, m *member) {
 	m.mu.Unlock()
 
 	var list modelList
-	err := f.fetch(ctx, m.modelsURL, "application/json", maxModelsBody, func(r io.Reader) error {
+	err := f.fetch(ctx, m.b, m.modelsURL, "application/json", maxModelsBody, func(r io.Reader) error {
 		return json.NewDecoder(r).Decode(&list)
 	})
 	var models []string

@@ -98,7 +98,7 @@ func (f *Fleet) scrape(ctx context.Context, m *member) {
 		met   *Metrics
 		cache cacheConfig
 	)
-	err := f.fetch(ctx, m.metricsURL, acceptText, maxMetricsBody, func(r io.Reader) error {
+	err := f.fetch(ctx, m.b, m.metricsURL, acceptText, maxMetricsBody, func(r io.Reader) error {
 		var err error
 		met, cache, err = m.scraper.parse(r)
 		return err

@@ -54,7 +54,7 @@ func slotsLoad(slots []slot) (usage float64, n, slotContext int) {
 // /metrics said and the failure is not logged (the endpoint is optional).
 func (f *Fleet) scrapeSlots(ctx context.Context, m *member, met *Metrics) {
 	var slots []slot
-	err := f.fetch(ctx, m.slotsURL, "application/json", maxSlotsBody, func(r io.Reader) error {
+	err := f.fetch(ctx, m.b, m.slotsURL, "application/json", maxSlotsBody, func(r io.Reader) error {
 		return json.NewDecoder(r).Decode(&slots)
 	})
 	if err != nil || len(slots) == 0 {

@@ -146,7 +146,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	// connection and the copy loop's read fails at once.
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	res, err := p.transport.RoundTrip(upstreamRequest(ctx, r, b, c.body))
+	res, err := p.transport.RoundTrip(p.upstream(upstreamRequest(ctx, r, b, c.body), b)) // security.go: credentials
 	if err != nil {
 		switch {
 		case r.Context().Err() != nil:

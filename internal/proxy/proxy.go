@@ -108,6 +108,9 @@ type Config struct {
 	// MaxBodyBytes bounds a request body; larger ones get 413. Zero means
 	// DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// Security is who may use the proxy and what reaches the backends
+	// (security.go); the zero value is an open proxy.
+	Security Security
 }
 
 // Proxy is the HTTP handler of the OpenAI API in front of the fleet. It is
@@ -125,6 +128,7 @@ type Proxy struct {
 	metrics       *metrics
 	metricsPage   http.Handler // nil when the caller serves the metrics
 	created       int64        // Unix seconds, for /v1/models
+	sec           *security
 }
 
 var _ http.Handler = (*Proxy)(nil)
@@ -177,6 +181,9 @@ func New(cfg Config) (*Proxy, error) {
 	if p.metrics, err = newMetrics(reg, cfg.Fleet); err != nil {
 		return nil, err
 	}
+	if p.sec, err = newSecurity(cfg.Security, reg, p.log); err != nil {
+		return nil, err
+	}
 	p.created = p.now().Unix()
 	return p, nil
 }
@@ -212,6 +219,10 @@ func NewTransport() *http.Transport {
 
 // ServeHTTP routes r to its endpoint.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var ok bool
+	if r, ok = p.admit(w, r); !ok { // security.go: path, key, allow-list, rate
+		return
+	}
 	path := r.URL.Path
 	switch path {
 	case "/v1/chat/completions":
@@ -376,6 +387,10 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep route
 	}
 	g, e := parseGeneration(ep, body, r.Header.Get(p.sessionHeader))
 	if e != nil {
+		p.reject(w, e)
+		return
+	}
+	if e := p.chargeTokens(w, r, &g.req); e != nil { // security.go: tokens per minute
 		p.reject(w, e)
 		return
 	}

@@ -93,7 +93,8 @@ func TestNonStreamingPassThrough(t *testing.T) {
 	if s.path != "/prefix/v1/chat/completions" || s.query != "trace=1" {
 		t.Errorf("backend got %s?%s", s.path, s.query)
 	}
-	if s.header.Get("Authorization") != "Bearer k" || s.header.Get("X-Client-Hop") != "" ||
+	// The client's credentials are for the proxy, not the backend (security.go).
+	if s.header.Get("Authorization") != "" || s.header.Get("X-Client-Hop") != "" ||
 		s.header.Get("Accept-Encoding") != "" || s.header.Get("X-Forwarded-For") == "" {
 		t.Errorf("backend got headers %v", s.header)
 	}
@@ -513,7 +514,18 @@ func TestBadInput(t *testing.T) {
 	down := testBackend(t, 1, "down", be.URL, "sick")
 	down.SetHealthy(false)
 	f := newFakeFleet(testBackend(t, 0, "b0", be.URL, "m"), down)
-	_, px := newTestProxy(t, f, newFirstPolicy(), func(c *Config) { c.MaxBodyBytes = 1024 })
+	at := time.Unix(1e9, 0) // a clock that stands still: limits do not refill
+	_, px := newTestProxy(t, f, newFirstPolicy(), func(c *Config) {
+		c.MaxBodyBytes = 1024
+		c.Now = func() time.Time { return at }
+		c.Security.APIKeys = []APIKey{{Key: "good", Name: "good"}, {Key: "spent", Name: "spent", RPM: 1}, {Key: "small", Name: "small", TPM: 4}}
+	})
+	// Every request carries the good key but for the cases about keys.
+	auth := map[string]string{"missing key": "", "wrong key": "Bearer nope", "key not bearer": "Basic Z29vZA==",
+		"rate-limited key": "Bearer spent", "request over the key's tokens per minute": "Bearer small"}
+	if res, body := get(t, px.URL, "/v1/models", "Bearer spent"); res.StatusCode != 200 { // spend its one request
+		t.Fatalf("first request of a key: %d %s", res.StatusCode, body)
+	}
 	big := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 2000) + `"}]}`
 
 	tests := []struct {
@@ -539,6 +551,28 @@ func TestBadInput(t *testing.T) {
 		{"body too large", "POST", "/v1/chat/completions", big, false, 413, typeInvalidRequest, codeTooLarge},
 		{"chunked body too large", "POST", "/v1/chat/completions", big, true, 413, typeInvalidRequest, codeTooLarge},
 		{"unknown path", "POST", "/v2/chat/completions", chatBody, false, 404, typeInvalidRequest, codeUnknownURL},
+		// Security (security.go): admin paths, ambiguous paths, keys and limits.
+		{"admin path load_lora_adapter", "POST", "/v1/load_lora_adapter", `{"lora_name":"x","lora_path":"/etc"}`, false, 404, typeInvalidRequest, codeUnknownURL},
+		{"admin path unload_lora_adapter", "POST", "/v1/unload_lora_adapter", `{"lora_name":"x"}`, false, 404, typeInvalidRequest, codeUnknownURL},
+		{"admin path files", "GET", "/v1/files/file-1/content", ``, false, 404, typeInvalidRequest, codeUnknownURL},
+		{"admin path sleep", "POST", "/sleep", ``, false, 404, typeInvalidRequest, codeUnknownURL},
+		{"admin path wake_up", "POST", "/wake_up", ``, false, 404, typeInvalidRequest, codeUnknownURL},
+		{"allowed path with a suffix", "POST", "/v1/chat/completionsx", chatBody, false, 404, typeInvalidRequest, codeUnknownURL},
+		{"models subtree is read-only", "DELETE", "/v1/models/m", ``, false, 405, typeInvalidRequest, codeMethodNotAllowed},
+		{"dot-dot segment", "POST", "/v1/models/../load_lora_adapter", `{}`, false, 400, typeInvalidRequest, "invalid_path"},
+		{"dot segment", "POST", "/v1/./chat/completions", chatBody, false, 400, typeInvalidRequest, "invalid_path"},
+		{"encoded dot-dot", "POST", "/v1/models/%2e%2E/load_lora_adapter", `{}`, false, 400, typeInvalidRequest, "invalid_path"},
+		{"half-encoded dot-dot", "POST", "/v1/models/.%2e/load_lora_adapter", `{}`, false, 400, typeInvalidRequest, "invalid_path"},
+		{"encoded slash", "POST", "/v1/chat%2Fcompletions", chatBody, false, 400, typeInvalidRequest, "invalid_path"},
+		{"encoded backslash", "POST", "/v1/models%5c..%5cload_lora_adapter", `{}`, false, 400, typeInvalidRequest, "invalid_path"},
+		{"double encoding", "POST", "/v1/models/%252e%252e/load_lora_adapter", `{}`, false, 400, typeInvalidRequest, "invalid_path"},
+		{"double slash", "POST", "/v1//chat/completions", chatBody, false, 400, typeInvalidRequest, "invalid_path"},
+		{"encoded NUL", "GET", "/v1/models/m%00", ``, false, 400, typeInvalidRequest, "invalid_path"},
+		{"missing key", "POST", "/v1/chat/completions", chatBody, false, 401, typeInvalidRequest, codeInvalidAPIKey},
+		{"wrong key", "POST", "/v1/chat/completions", chatBody, false, 401, typeInvalidRequest, codeInvalidAPIKey},
+		{"key not bearer", "GET", "/v1/models", ``, false, 401, typeInvalidRequest, codeInvalidAPIKey},
+		{"rate-limited key", "POST", "/v1/chat/completions", chatBody, false, 429, typeRequests, codeRateLimited},
+		{"request over the key's tokens per minute", "POST", "/v1/chat/completions", chatBody, false, 429, typeTokens, codeRateLimited},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -547,6 +581,11 @@ func TestBadInput(t *testing.T) {
 				rd = io.MultiReader(rd) // hides the length: sent chunked
 			}
 			req, _ := http.NewRequest(tt.method, px.URL+tt.path, rd)
+			if a, ok := auth[tt.name]; !ok {
+				req.Header.Set("Authorization", "Bearer good")
+			} else if a != "" {
+				req.Header.Set("Authorization", a)
+			}
 			res, err := http.DefaultClient.Do(req)
 			if err != nil {
 				t.Fatal(err)
@@ -565,6 +604,12 @@ func TestBadInput(t *testing.T) {
 			}
 			if tt.wantStatus == 405 && res.Header.Get("Allow") == "" {
 				t.Error("405 without Allow")
+			}
+			if tt.name == "rate-limited key" && res.Header.Get("Retry-After") == "" {
+				t.Error("429 without Retry-After")
+			}
+			if tt.wantStatus == 401 && strings.Contains(string(data), "nope") {
+				t.Errorf("the 401 repeats the key: %s", data)
 			}
 		})
 	}
