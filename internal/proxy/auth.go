@@ -208,5 +208,5 @@ func unauthorized(missing bool) *apiError {
 	if missing {
 		msg = "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
 	}
-	return &apiError{status: http.StatusUnauthorized, message: msg, typ: typeInvalidRequest, code: codeInvalidAPIKey}
+	return &apiError{Status: http.StatusUnauthorized, Message: msg, Type: typeInvalidRequest, Code: codeInvalidAPIKey}
 }

@@ -24,93 +24,86 @@ const (
 	codeBackendUnreachable = "backend_unreachable"
 	codeBackendError       = "backend_error"
 	codeInternal           = "internal_error"
+	codeBackendTimeout     = "backend_timeout"
+	codeRequestTimeout     = "request_timeout"
 )
 
 // apiError is an error a client gets as an OpenAI-shaped JSON body,
-// {"error":{"message","type","param","code"}}, with an HTTP status.
-type apiError struct {
-	status  int
-	message string
-	typ     string
-	param   string // the offending request field, if known
-	code    string
-}
-
-func (e *apiError) Error() string { return e.message }
+// {"error":{"message","type","param","code"}}, with an HTTP status: the
+// one type the emulator answers with too.
+type apiError = openai.Error
 
 // badRequest is a 400 about the request field param ("" for the body).
 func badRequest(param, format string, args ...any) *apiError {
 	e := &apiError{
-		status:  http.StatusBadRequest,
-		message: fmt.Sprintf(format, args...),
-		typ:     typeInvalidRequest,
-		param:   param,
+		Status:  http.StatusBadRequest,
+		Message: fmt.Sprintf(format, args...),
+		Type:    typeInvalidRequest,
+		Param:   param,
 	}
 	if param == "" {
-		e.code = codeInvalidJSON
+		e.Code = codeInvalidJSON
 	}
 	return e
 }
 
 func modelNotFound(model string) *apiError {
 	return &apiError{
-		status:  http.StatusNotFound,
-		message: fmt.Sprintf("The model `%s` does not exist or no backend serves it.", model),
-		typ:     typeInvalidRequest,
-		param:   "model",
-		code:    codeModelNotFound,
+		Status:  http.StatusNotFound,
+		Message: fmt.Sprintf("The model `%s` does not exist or no backend serves it.", model),
+		Type:    typeInvalidRequest,
+		Param:   "model",
+		Code:    codeModelNotFound,
 	}
 }
 
 func unavailable(format string, args ...any) *apiError {
 	return &apiError{
-		status:  http.StatusServiceUnavailable,
-		message: fmt.Sprintf(format, args...),
-		typ:     typeServer,
-		code:    codeUnavailable,
+		Status:  http.StatusServiceUnavailable,
+		Message: fmt.Sprintf(format, args...),
+		Type:    typeServer,
+		Code:    codeUnavailable,
 	}
 }
 
 func tooLarge(limit int64) *apiError {
 	return &apiError{
-		status:  http.StatusRequestEntityTooLarge,
-		message: fmt.Sprintf("request body is larger than %d bytes", limit),
-		typ:     typeInvalidRequest,
-		code:    codeTooLarge,
+		Status:  http.StatusRequestEntityTooLarge,
+		Message: fmt.Sprintf("request body is larger than %d bytes", limit),
+		Type:    typeInvalidRequest,
+		Code:    codeTooLarge,
 	}
 }
 
 func unreachable(backend string, err error) *apiError {
 	return &apiError{
-		status:  http.StatusBadGateway,
-		message: fmt.Sprintf("backend %s is unreachable: %v", backend, err),
-		typ:     typeServer,
-		code:    codeBackendUnreachable,
+		Status:  http.StatusBadGateway,
+		Message: fmt.Sprintf("backend %s is unreachable: %v", backend, err),
+		Type:    typeServer,
+		Code:    codeBackendUnreachable,
 	}
 }
 
 func backendFailed(backend string, err error) *apiError {
 	return &apiError{
-		status:  http.StatusBadGateway,
-		message: fmt.Sprintf("backend %s failed: %v", backend, err),
-		typ:     typeServer,
-		code:    codeBackendError,
+		Status:  http.StatusBadGateway,
+		Message: fmt.Sprintf("backend %s failed: %v", backend, err),
+		Type:    typeServer,
+		Code:    codeBackendError,
 	}
 }
 
 func internal(format string, args ...any) *apiError {
 	return &apiError{
-		status:  http.StatusInternalServerError,
-		message: fmt.Sprintf(format, args...),
-		typ:     typeServer,
-		code:    codeInternal,
+		Status:  http.StatusInternalServerError,
+		Message: fmt.Sprintf(format, args...),
+		Type:    typeServer,
+		Code:    codeInternal,
 	}
 }
 
 // writeError sends e as the whole response.
-func writeError(w http.ResponseWriter, e *apiError) {
-	openai.WriteError(w, e.status, e.message, e.typ, e.param, e.code)
-}
+func writeError(w http.ResponseWriter, e *apiError) { e.Write(w) }
 
 // isDialError reports whether err means the connection to the backend was
 // never made (refused, unroutable, name not found, dial timeout): no byte of

@@ -248,7 +248,7 @@ func TestParseGenerationErrors(t *testing.T) {
 			if e == nil {
 				t.Fatal("no error")
 			}
-			if e.status != 400 || e.typ != typeInvalidRequest || e.param != tt.wantParam {
+			if e.Status != 400 || e.Type != typeInvalidRequest || e.Param != tt.wantParam {
 				t.Errorf("error %+v, want 400 %s about %q", e, typeInvalidRequest, tt.wantParam)
 			}
 		})

@@ -11,15 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/router"
 )
-
-// maxAttempts bounds the backends one request tries: the first pick, and one
-// more when that backend refuses the connection.
-const maxAttempts = 2
 
 // reasonLeastRequest is the route of requests the proxy routes by load.
 const reasonLeastRequest = "least-request"
@@ -37,43 +32,11 @@ type call struct {
 	req *router.Request
 	// body is what goes upstream.
 	body []byte
+	// stream is set when the client asked for a streamed response.
+	stream bool
 	// hideUsage is set when the proxy turned on stream_options.include_usage
 	// for a client that did not ask: its usage chunk is not forwarded.
 	hideUsage bool
-}
-
-// forward sends c to a backend picked among cands and copies the response
-// back. A backend that refuses the connection is marked failed and the
-// request goes to another candidate, once.
-func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands []*fleet.Backend) {
-	for n := 1; ; n++ {
-		t, e := p.route(c, cands)
-		if e != nil {
-			p.reject(w, e)
-			return
-		}
-		dialErr, abort := p.attempt(w, r, c, t)
-		if abort {
-			// Headers are sent, the body is cut short: all that is left is to
-			// break the client's connection so it cannot take the truncated
-			// response for a complete one.
-			panic(http.ErrAbortHandler)
-		}
-		if dialErr == nil {
-			return
-		}
-		b := t.Backend
-		p.fleet.MarkFailed(b, dialErr)
-		cands = router.Without(cands, b)
-		if n == maxAttempts || len(cands) == 0 {
-			p.log.Warn("backend unreachable, giving up", "backend", b.Name, "attempts", n, "err", dialErr)
-			p.metrics.requests.WithLabelValues(b.Name, statusLabel(http.StatusBadGateway), t.Reason).Inc()
-			setRouteHeaders(w, &t.Decision)
-			writeError(w, unreachable(b.Name, dialErr))
-			return
-		}
-		p.log.Warn("backend unreachable, retrying on another", "backend", b.Name, "err", dialErr)
-	}
 }
 
 // route asks the policy for a backend for a chat or completion request, and
@@ -114,125 +77,6 @@ func (l byLoad) Pick(_ *router.Request, cands []*fleet.Backend) (router.Decision
 	return router.Decision{Backend: b, Reason: reasonLeastRequest}, nil
 }
 
-// attempt is one try of a call at one backend: its ticket (its share of the
-// backend's load, counted when it was routed), its timing and its outcome.
-// finish records everything and finishes the ticket; the prefill part of
-// the load is released at the first token.
-type attempt struct {
-	p     *Proxy
-	c     *call
-	t     *router.Ticket
-	start time.Time
-	// first is set at the first token; complete when the response was
-	// copied to its end.
-	first, complete bool
-	// status is the requests_total status label; "" if the attempt is not
-	// counted (a refused connection is retried).
-	status string
-	out    router.Outcome
-}
-
-// attempt forwards c to t's backend and copies the response to w. It
-// returns the dial error if the backend could not be reached (nothing was
-// written to w, the caller may retry), and abort if the backend failed after
-// the response headers were sent.
-func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *router.Ticket) (dialErr error, abort bool) {
-	b := t.Backend
-	d := &t.Decision
-	a := &attempt{p: p, c: c, t: t, start: p.now(), out: router.Failed(0)}
-	defer a.finish(r.Context())
-	// The upstream request ends with the client's: when the client goes
-	// away its context is cancelled, the transport closes the backend
-	// connection and the copy loop's read fails at once.
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	res, err := p.transport.RoundTrip(p.upstream(upstreamRequest(ctx, r, b, c.body), b)) // security.go: credentials
-	if err != nil {
-		switch {
-		case r.Context().Err() != nil:
-			a.status = statusClientClosed
-		case isDialError(err):
-			p.metrics.failures.WithLabelValues(b.Name, "dial").Inc()
-			return err, false
-		default:
-			p.metrics.failures.WithLabelValues(b.Name, "request").Inc()
-			p.log.Warn("backend request failed", "backend", b.Name, "err", err)
-			a.status = statusLabel(http.StatusBadGateway)
-			setRouteHeaders(w, d)
-			writeError(w, backendFailed(b.Name, err))
-		}
-		return nil, false
-	}
-	defer res.Body.Close()
-
-	a.out.Status = res.StatusCode
-	a.status = statusLabel(res.StatusCode)
-	removeHopHeaders(res.Header)
-	h := w.Header()
-	for k, vv := range res.Header {
-		h[k] = vv
-	}
-	setRouteHeaders(w, d)
-	stream := isEventStream(res.Header.Get("Content-Type"))
-	if stream {
-		h.Del("Content-Length") // events may be dropped or edited
-	}
-	announced := len(res.Trailer)
-	if announced > 0 {
-		keys := make([]string, 0, announced)
-		for k := range res.Trailer {
-			keys = append(keys, k)
-		}
-		h.Add("Trailer", strings.Join(keys, ", "))
-	}
-	w.WriteHeader(res.StatusCode)
-
-	var readErr, writeErr error
-	if stream {
-		sc := eventScanner{hideUsage: c.hideUsage}
-		// Send the headers now: a client waits for them before it
-		// waits for the first event.
-		if writeErr = flush(http.NewResponseController(w)); writeErr == nil {
-			readErr, writeErr = copyEvents(w, res.Body, &sc, a.firstToken)
-		}
-		a.out.Tokens = sc.tokens
-		if sc.sawUsage {
-			a.setUsage(sc.usage)
-		}
-	} else {
-		readErr, writeErr = a.copyBody(w, res)
-	}
-	switch {
-	case writeErr != nil, readErr != nil && r.Context().Err() != nil:
-		// The client went away; the deferred cancel ends the upstream
-		// request (if the client's context did not already).
-		a.status = statusClientClosed
-		return nil, false
-	case readErr != nil:
-		p.metrics.failures.WithLabelValues(b.Name, "read").Inc()
-		p.log.Warn("backend failed mid-response, aborting the client connection",
-			"backend", b.Name, "err", readErr)
-		a.status = statusLabel(http.StatusBadGateway)
-		return nil, true
-	}
-	a.complete = true
-
-	// As httputil.ReverseProxy does: trailers announced in the header go
-	// out under their names, others with the TrailerPrefix.
-	if len(res.Trailer) > 0 {
-		if len(res.Trailer) == announced {
-			for k, vv := range res.Trailer {
-				h[k] = vv
-			}
-		} else {
-			for k, vv := range res.Trailer {
-				h[http.TrailerPrefix+k] = vv
-			}
-		}
-	}
-	return nil, false
-}
-
 // firstToken marks the first content of the response: the backend is done
 // with the prefill.
 func (a *attempt) firstToken() {
@@ -242,6 +86,7 @@ func (a *attempt) firstToken() {
 	a.first = true
 	a.out.TTFT = a.p.now().Sub(a.start)
 	a.t.FirstToken()
+	a.wd.arm(a.p.res.StreamIdleTimeout, errIdleTimeout)
 }
 
 func (a *attempt) setUsage(u usage) {
@@ -304,7 +149,7 @@ var captures = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // (flushing after every write when its length is unknown, as a stream of
 // another kind may be). For a successful chat or completion response it
 // keeps a copy of the body and reads the usage from it at the end.
-func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response) (readErr, writeErr error) {
+func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response, body io.Reader) (readErr, writeErr error) {
 	bp := streamBufs.Get().(*[]byte)
 	defer streamBufs.Put(bp)
 	buf := *bp
@@ -322,7 +167,7 @@ func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response) (readErr, 
 	flushEach := res.ContentLength < 0
 	rc := http.NewResponseController(w)
 	for {
-		n, err := res.Body.Read(buf)
+		n, err := body.Read(buf)
 		if n > 0 {
 			a.firstToken()
 			if keep = keep && capture.Len()+n <= maxCaptureBytes; keep {

@@ -52,7 +52,7 @@ func FuzzParseGeneration(f *testing.F) {
 // OpenAI-shaped body.
 func assertAPIError(t *testing.T, e *apiError) {
 	t.Helper()
-	if e.status < 400 || e.status > 499 || e.typ != typeInvalidRequest || e.message == "" {
+	if e.Status < 400 || e.Status > 499 || e.Type != typeInvalidRequest || e.Message == "" {
 		t.Fatalf("error %+v is not a client error", e)
 	}
 	rec := httptest.NewRecorder()
@@ -65,7 +65,7 @@ func assertAPIError(t *testing.T, e *apiError) {
 			Code    *string `json:"code"`
 		} `json:"error"`
 	}
-	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil || got.Error == nil || got.Error.Message != e.message {
+	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil || got.Error == nil || got.Error.Message != e.Message {
 		t.Fatalf("error body %q is not OpenAI-shaped: %v", rec.Body, err)
 	}
 }

@@ -20,6 +20,9 @@ type metrics struct {
 	prompt    *prometheus.CounterVec   // backend
 	decision  prometheus.Histogram
 	failures  *prometheus.CounterVec // backend, kind
+	retries   *prometheus.CounterVec // backend, reason
+	timeouts  *prometheus.CounterVec // backend, kind
+	cut       *prometheus.CounterVec // backend, reason
 }
 
 // Buckets in seconds. TTFT runs from a cached short prompt (milliseconds) to
@@ -60,9 +63,18 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 		failures: counter("kvroute_backend_failures_total",
 			`Attempts that failed at the backend, by kind: "dial" (connection refused; retried elsewhere), "request" (failed before a response), "read" (broke off mid-response).`,
 			[]string{"backend", "kind"}),
+		retries: counter("kvroute_retries_total",
+			`Requests sent to another backend after this one failed before answering, by reason: "dial", "reset", "timeout" (no first token in time) or "status" (429, 502, 503, 504).`,
+			[]string{"backend", "reason"}),
+		timeouts: counter("kvroute_timeouts_total",
+			`Attempts ended by a timeout, by kind: "first_token" (no first token by the deadline) or "idle" (a response stalled).`,
+			[]string{"backend", "kind"}),
+		cut: counter("kvroute_responses_cut_total",
+			`Responses cut short after part of them reached the client, by reason: "read" (the backend failed), "first_token", "idle" or "shutdown". Streams end with an error event.`,
+			[]string{"backend", "reason"}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.ttft, m.e2e, m.predicted, m.reported,
-		m.prompt, m.decision, m.failures, newLoadCollector(f)} {
+		m.prompt, m.decision, m.failures, m.retries, m.timeouts, m.cut, newLoadCollector(f)} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

@@ -40,7 +40,7 @@ func parseAllowPath(prefix string) (pathRule, error) {
 		return pathRule{}, fmt.Errorf("allowed path %q must start with / and name something under it", prefix)
 	}
 	if e := checkRawPath(prefix); e != nil {
-		return pathRule{}, fmt.Errorf("allowed path %q: %s", prefix, e.message)
+		return pathRule{}, fmt.Errorf("allowed path %q: %s", prefix, e.Message)
 	}
 	return pathRule{path: strings.TrimSuffix(prefix, "/"), subtree: true}, nil
 }
@@ -81,10 +81,10 @@ func checkRawPath(raw string) *apiError {
 	lower := strings.ToLower(raw)
 	bad := func(why string) *apiError {
 		return &apiError{
-			status:  http.StatusBadRequest,
-			message: "Invalid URL path: " + why,
-			typ:     typeInvalidRequest,
-			code:    "invalid_path",
+			Status:  http.StatusBadRequest,
+			Message: "Invalid URL path: " + why,
+			Type:    typeInvalidRequest,
+			Code:    "invalid_path",
 		}
 	}
 	switch {

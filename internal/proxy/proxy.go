@@ -18,16 +18,20 @@ package proxy
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -108,6 +112,8 @@ type Config struct {
 	// MaxBodyBytes bounds a request body; larger ones get 413. Zero means
 	// DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// Resilience sets the timeouts and retries of requests to backends.
+	Resilience Resilience
 	// Security is who may use the proxy and what reaches the backends
 	// (security.go); the zero value is an open proxy.
 	Security Security
@@ -116,9 +122,16 @@ type Config struct {
 // Proxy is the HTTP handler of the OpenAI API in front of the fleet. It is
 // safe for concurrent use.
 type Proxy struct {
-	fleet         Fleet
-	router        *router.Router
-	byLoad        *router.Router // embeddings and other endpoints
+	fleet  Fleet
+	router *router.Router
+	byLoad *router.Router // embeddings and other endpoints
+	res    Resilience
+	budget retryBudget
+	// stop ends every attempt still in flight (Stop); draining makes
+	// /readyz answer 503 (Drain).
+	stop          context.Context
+	stopAll       context.CancelFunc
+	draining      atomic.Bool
 	sessionHeader string
 	transport     http.RoundTripper
 	log           *slog.Logger
@@ -170,6 +183,9 @@ func New(cfg Config) (*Proxy, error) {
 		p.maxBody = DefaultMaxBodyBytes
 	}
 	p.byLoad = router.NewRouter(byLoad{rand: p.rand}, nil)
+	p.res = cfg.Resilience.withDefaults()
+	p.budget.ratio, p.budget.min = p.res.RetryBudget, int64(p.res.RetryBudgetMin)
+	p.stop, p.stopAll = context.WithCancel(context.Background())
 	reg := cfg.Registerer
 	if reg == nil {
 		own := prometheus.NewRegistry()
@@ -247,10 +263,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	case "/readyz":
 		if p.allow(w, r, http.MethodGet, http.MethodHead) {
-			if p.fleet.Ready() {
+			if p.fleet.Ready() && !p.draining.Load() {
 				writeText(w, http.StatusOK, "ready\n")
 			} else {
-				writeError(w, unavailable("no backend is ready"))
+				writeError(w, p.notReady())
 			}
 		}
 	case "/metrics":
@@ -270,10 +286,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func notFound(r *http.Request) *apiError {
 	return &apiError{
-		status:  http.StatusNotFound,
-		message: "Invalid URL (" + r.Method + " " + r.URL.Path + ")",
-		typ:     typeInvalidRequest,
-		code:    codeUnknownURL,
+		Status:  http.StatusNotFound,
+		Message: "Invalid URL (" + r.Method + " " + r.URL.Path + ")",
+		Type:    typeInvalidRequest,
+		Code:    codeUnknownURL,
 	}
 }
 
@@ -286,17 +302,17 @@ func (p *Proxy) allow(w http.ResponseWriter, r *http.Request, methods ...string)
 	allowed := strings.Join(methods, ", ")
 	w.Header().Set("Allow", allowed)
 	p.reject(w, &apiError{
-		status:  http.StatusMethodNotAllowed,
-		message: "Method " + r.Method + " is not allowed on " + r.URL.Path + "; use " + allowed,
-		typ:     typeInvalidRequest,
-		code:    codeMethodNotAllowed,
+		Status:  http.StatusMethodNotAllowed,
+		Message: "Method " + r.Method + " is not allowed on " + r.URL.Path + "; use " + allowed,
+		Type:    typeInvalidRequest,
+		Code:    codeMethodNotAllowed,
 	})
 	return false
 }
 
 // reject answers a request that goes to no backend with e, and counts it.
 func (p *Proxy) reject(w http.ResponseWriter, e *apiError) {
-	p.metrics.requests.WithLabelValues(noBackend, statusLabel(e.status), noBackend).Inc()
+	p.metrics.requests.WithLabelValues(noBackend, statusLabel(e.Status), noBackend).Inc()
 	writeError(w, e)
 }
 
@@ -345,12 +361,23 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiEr
 	if size < 0 || size > maxPrealloc {
 		size = min(maxPrealloc, p.maxBody)
 	}
+	// A body sent a byte a second must not hold a connection for ever.
+	if d := p.res.BodyReadTimeout; d > 0 {
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(d)) == nil {
+			defer rc.SetReadDeadline(time.Time{})
+		}
+	}
 	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, p.maxBody))
 	body := buf.Bytes()
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return nil, tooLarge(p.maxBody)
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, &apiError{Status: http.StatusRequestTimeout, Type: typeInvalidRequest, Code: codeRequestTimeout,
+				Message: fmt.Sprintf("the request body did not arrive within %v", p.res.BodyReadTimeout)}
 		}
 		return nil, badRequest("", "could not read request body: %v", err)
 	}
@@ -394,7 +421,7 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep route
 		p.reject(w, e)
 		return
 	}
-	c := &call{ep: ep, req: &g.req, body: body}
+	c := &call{ep: ep, req: &g.req, body: body, stream: g.stream}
 	if g.stream && !g.includeUsage {
 		// Ask for the usage chunk so that the router learns what the
 		// backend had cached; the client will not see it.
@@ -446,4 +473,20 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep router.En
 		}
 	}
 	p.forward(w, r, &call{ep: ep, body: body}, cands)
+}
+
+// Drain makes /readyz answer 503 from now on, so that the load balancer in
+// front stops sending new requests; the proxy still serves what comes.
+func (p *Proxy) Drain() { p.draining.Store(true) }
+
+// Stop ends every request still in flight: a stream under way ends with an
+// error event, a request not yet answered gets 503. Requests that come after
+// get the same 503 at once. Call it when the shutdown grace has run out.
+func (p *Proxy) Stop() { p.stopAll() }
+
+func (p *Proxy) notReady() *apiError {
+	if p.draining.Load() {
+		return unavailable("kvroute is draining")
+	}
+	return unavailable("no backend is ready")
 }

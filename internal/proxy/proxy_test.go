@@ -770,6 +770,7 @@ func TestAllBackendsDead(t *testing.T) {
 		testBackend(t, 0, "d0", deadURL(t), "m"),
 		testBackend(t, 1, "d1", deadURL(t), "m"),
 		testBackend(t, 2, "d2", deadURL(t), "m"),
+		testBackend(t, 3, "d3", deadURL(t), "m"),
 	}
 	f := newFakeFleet(bs...)
 	_, px := newTestProxy(t, f, newFirstPolicy(), nil)
@@ -777,11 +778,14 @@ func TestAllBackendsDead(t *testing.T) {
 	if _, typ, code := openAIError(t, body); res.StatusCode != 502 || typ != typeServer || code != codeBackendUnreachable {
 		t.Errorf("got %d %s, want 502 backend_unreachable", res.StatusCode, body)
 	}
-	// One retry, not a sweep of the fleet.
-	if f.failure("d0") == nil || f.failure("d1") == nil || f.failure("d2") != nil {
-		t.Errorf("failures d0 %v d1 %v d2 %v, want the first two", f.failure("d0"), f.failure("d1"), f.failure("d2"))
+	if strings.Contains(string(body), "127.0.0.1") {
+		t.Errorf("the error names a backend's address: %s", body)
 	}
-	// Now no candidate is left healthy but d2, and it is dead too.
+	// DefaultMaxAttempts backends, not a sweep of the fleet.
+	if f.failure("d0") == nil || f.failure("d1") == nil || f.failure("d2") == nil || f.failure("d3") != nil {
+		t.Errorf("failures d0 %v d1 %v d2 %v d3 %v, want the first three", f.failure("d0"), f.failure("d1"), f.failure("d2"), f.failure("d3"))
+	}
+	// Now no candidate is left healthy but d3, and it is dead too.
 	res, body = post(t, px.URL, "/v1/chat/completions", chatBody)
 	if res.StatusCode != 502 {
 		t.Errorf("got %d %s, want 502", res.StatusCode, body)
@@ -793,34 +797,58 @@ func TestAllBackendsDead(t *testing.T) {
 	assertIdle(t, bs...)
 }
 
-// TestBackendFailsMidStream: a backend that breaks off after the headers
-// were sent makes the proxy abort the client's connection, so the client
-// cannot take the cut stream for a whole one.
-func TestBackendFailsMidStream(t *testing.T) {
-	be := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(w, `data: {"choices":[{"delta":{"content":"Hi"}}]}`+"\n\n")
-		_ = http.NewResponseController(w).Flush()
-		panic(http.ErrAbortHandler) // drop the connection mid-stream
-	}))
-	b0 := testBackend(t, 0, "b0", be.URL, "m")
-	p, px := newTestProxy(t, newFakeFleet(b0), newFirstPolicy(), nil)
+// TestBackendFailsMidResponse: a backend that breaks off after part of its
+// response reached the client ends a stream with an OpenAI-shaped error
+// event and the end-of-stream marker, so the client knows why and is not
+// left with a cut connection; a non-streamed response cut short aborts the
+// client's connection, so the client cannot take it for a whole one.
+func TestBackendFailsMidResponse(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		stream bool
+	}{{"stream", true}, {"whole", false}} {
+		t.Run(tt.name, func(t *testing.T) {
+			be := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tt.stream {
+					w.Header().Set("Content-Type", "text/event-stream")
+					_, _ = io.WriteString(w, `data: {"choices":[{"delta":{"content":"Hi"}}]}`+"\n\n")
+				} else {
+					w.Header().Set("Content-Type", "application/json")
+					_, _ = io.WriteString(w, `{"choices":[{"message":`)
+				}
+				_ = http.NewResponseController(w).Flush()
+				panic(http.ErrAbortHandler) // drop the connection mid-response
+			}))
+			b0 := testBackend(t, 0, "b0", be.URL, "m")
+			p, px := newTestProxy(t, newFakeFleet(b0), newFirstPolicy(), nil)
 
-	req, _ := http.NewRequest(http.MethodPost, px.URL+"/v1/chat/completions",
-		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}`))
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := io.ReadAll(res.Body)
-	res.Body.Close()
-	if err == nil {
-		t.Errorf("the client read a complete response %q, want its connection aborted", data)
-	}
-	px.await(t)
-	assertIdle(t, b0)
-	if got := counterValue(t, p, "kvroute_backend_failures_total", "backend", "b0", "kind", "read"); got != 1 {
-		t.Errorf("read failures = %v, want 1", got)
+			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":%v}`, tt.stream)
+			req, _ := http.NewRequest(http.MethodPost, px.URL+"/v1/chat/completions", strings.NewReader(body))
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := io.ReadAll(res.Body)
+			res.Body.Close()
+			if tt.stream {
+				want := `data: {"choices":[{"delta":{"content":"Hi"}}]}` + "\n\n" +
+					`data: {"error":{"message":"backend b0 failed mid-response (connection closed)","type":"server_error","param":null,"code":"backend_error"}}` + "\n\n" +
+					"data: [DONE]\n\n"
+				if err != nil || string(data) != want {
+					t.Errorf("the client read %q (err %v), want %q", data, err, want)
+				}
+			} else if err == nil {
+				t.Errorf("the client read a complete response %q, want its connection aborted", data)
+			}
+			px.await(t)
+			assertIdle(t, b0)
+			if got := counterValue(t, p, "kvroute_backend_failures_total", "backend", "b0", "kind", "read"); got != 1 {
+				t.Errorf("read failures = %v, want 1", got)
+			}
+			if got := counterValue(t, p, "kvroute_responses_cut_total", "backend", "b0", "reason", "read"); got != 1 {
+				t.Errorf("responses cut = %v, want 1", got)
+			}
+		})
 	}
 }
 

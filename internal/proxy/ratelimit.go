@@ -62,5 +62,5 @@ func rateLimited(w http.ResponseWriter, name, kind string, limit, asked int, wai
 		w.Header().Set("Retry-After", strconv.Itoa(secs))
 		msg += fmt.Sprintf(" Please try again in %ds.", secs)
 	}
-	return &apiError{status: http.StatusTooManyRequests, message: msg, typ: kind, code: codeRateLimited}
+	return &apiError{Status: http.StatusTooManyRequests, Message: msg, Type: kind, Code: codeRateLimited}
 }

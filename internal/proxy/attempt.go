@@ -1,0 +1,358 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/router"
+)
+
+// Defaults of Resilience. Each is in docs/operations.md with its reason.
+const (
+	// DefaultFirstTokenFloor and DefaultFirstTokenFactor make a streamed
+	// request's first-token deadline floor + factor × the policy's
+	// predicted TTFT: a hung backend is noticed in seconds, a 100k-token
+	// prompt predicted to take 10 s gets 55 s.
+	DefaultFirstTokenFloor  = 15 * time.Second
+	DefaultFirstTokenFactor = 4.0
+	// DefaultStreamIdleTimeout ends a stream whose backend sent nothing for
+	// this long after its first token (nginx's proxy_read_timeout): decode
+	// steps take milliseconds, a preemption seconds.
+	DefaultStreamIdleTimeout = 60 * time.Second
+	// DefaultResponseTimeout bounds the wait for a non-streamed response's
+	// headers, which a backend sends only when the whole generation is done.
+	DefaultResponseTimeout = 10 * time.Minute
+	// DefaultMaxAttempts is how many backends one request may try before
+	// its first byte reaches the client.
+	DefaultMaxAttempts = 3
+	// DefaultRetryBudget and DefaultRetryBudgetMin bound the retries in
+	// flight to 20 % of the requests in flight, but at least 3: Envoy's
+	// retry budget, so that a sick fleet is not stampeded.
+	DefaultRetryBudget    = 0.2
+	DefaultRetryBudgetMin = 3
+	// DefaultBodyReadTimeout bounds reading a request's body: 32 MiB at
+	// a slow client's 1 MB/s, and no slow-body connection held forever.
+	DefaultBodyReadTimeout = 60 * time.Second
+)
+
+// fallbackPrefillRate is the prefill speed, in tokens a second, assumed for
+// the first-token deadline when the policy predicts no TTFT: slow enough for
+// a CPU-served small model.
+const fallbackPrefillRate = 500.0
+
+// Resilience configures the proxy's timeouts and retries. Zero values take
+// the defaults; negative durations turn that timeout off.
+type Resilience struct {
+	// FirstTokenFloor and FirstTokenFactor give a streamed request's
+	// deadline for its first token: floor + factor × predicted TTFT.
+	FirstTokenFloor  time.Duration
+	FirstTokenFactor float64
+	// StreamIdleTimeout ends a response whose backend sent nothing for
+	// this long after the first token.
+	StreamIdleTimeout time.Duration
+	// ResponseTimeout bounds the wait for a non-streamed response's first
+	// byte.
+	ResponseTimeout time.Duration
+	// MaxAttempts bounds the backends a request tries.
+	MaxAttempts int
+	// RetryBudget is the fraction of requests in flight that may be
+	// retrying at once; RetryBudgetMin the retries always allowed.
+	RetryBudget    float64
+	RetryBudgetMin int
+	// BodyReadTimeout bounds reading a request body.
+	BodyReadTimeout time.Duration
+}
+
+func (r Resilience) withDefaults() Resilience {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&r.FirstTokenFloor, DefaultFirstTokenFloor)
+	def(&r.StreamIdleTimeout, DefaultStreamIdleTimeout)
+	def(&r.ResponseTimeout, DefaultResponseTimeout)
+	def(&r.BodyReadTimeout, DefaultBodyReadTimeout)
+	if r.FirstTokenFactor == 0 {
+		r.FirstTokenFactor = DefaultFirstTokenFactor
+	}
+	if r.MaxAttempts <= 0 {
+		r.MaxAttempts = DefaultMaxAttempts
+	}
+	if r.RetryBudget == 0 {
+		r.RetryBudget = DefaultRetryBudget
+	}
+	if r.RetryBudgetMin == 0 {
+		r.RetryBudgetMin = DefaultRetryBudgetMin
+	}
+	return r
+}
+
+// The causes that end an upstream request early.
+var (
+	errFirstTokenTimeout = errors.New("no first token before the deadline")
+	errIdleTimeout       = errors.New("the stream was idle past the timeout")
+	errShutdown          = errors.New("kvroute is shutting down")
+)
+
+// failure is why an attempt got no answer that could go to the client:
+// nothing of it was sent, so another backend may take the request.
+type failure struct {
+	// kind is the metrics' reason: "dial", "reset", "timeout" or "status".
+	kind   string
+	status int // the backend's status, for "status"
+	// retryAfter is the backend's Retry-After, for a 429 or 503.
+	retryAfter time.Duration
+	err        error
+}
+
+// retriableStatus reports whether a backend's status means it did not take
+// the request and another may: overloaded (429), or a gateway in front of
+// it, or the server itself, unable to serve (502, 503, 504).
+func retriableStatus(code int) bool {
+	switch code {
+	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
+}
+
+// retryBudget bounds the retries in flight (Envoy's retry budget).
+type retryBudget struct {
+	active, retrying atomic.Int64
+	ratio            float64
+	min              int64
+}
+
+// allows reports whether one more retry fits the budget now.
+func (b *retryBudget) allows() bool {
+	return b.retrying.Load() < max(b.min, int64(b.ratio*float64(b.active.Load())))
+}
+
+// acquire takes a retry from the budget, if it allows one.
+func (b *retryBudget) acquire() bool {
+	for {
+		n := b.retrying.Load()
+		if n >= max(b.min, int64(b.ratio*float64(b.active.Load()))) {
+			return false
+		}
+		if b.retrying.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// forward sends c to a backend picked among cands and copies the response
+// back. An attempt that fails before anything reached the client (the
+// backend unreachable, its connection reset, a 429/502/503/504, no first
+// token in time) is retried on another candidate, within MaxAttempts and the
+// retry budget; once a byte reached the client the request is never resent.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands []*fleet.Backend) {
+	p.budget.active.Add(1)
+	defer p.budget.active.Add(-1)
+	var last *failure
+	var lastTicket *router.Ticket
+	for n := 1; ; n++ {
+		t, e := p.route(c, cands)
+		if e != nil {
+			if last != nil {
+				p.giveUp(w, lastTicket, last, n-1)
+			} else {
+				p.reject(w, e)
+			}
+			return
+		}
+		canRetry := n < p.res.MaxAttempts && len(cands) > 1 && p.budget.allows()
+		f, abort := p.attempt(w, r, c, t, canRetry)
+		if abort {
+			// Headers are sent, the body is cut short: all that is left is to
+			// break the client's connection so it cannot take the truncated
+			// response for a complete one.
+			panic(http.ErrAbortHandler)
+		}
+		if f == nil {
+			return
+		}
+		last, lastTicket = f, t
+		cands = router.Without(cands, t.Backend)
+		if !canRetry || r.Context().Err() != nil || !p.budget.acquire() {
+			p.giveUp(w, t, f, n)
+			return
+		}
+		defer p.budget.retrying.Add(-1)
+		p.metrics.retries.WithLabelValues(t.Backend.Name, f.kind).Inc()
+		p.log.Warn("backend failed before answering, retrying on another",
+			"backend", t.Backend.Name, "reason", f.kind, "status", f.status, "attempt", n, "err", f.err)
+	}
+}
+
+// giveUp answers a request whose last attempt, at t's backend, failed with
+// f after n attempts in all.
+func (p *Proxy) giveUp(w http.ResponseWriter, t *router.Ticket, f *failure, n int) {
+	name := t.Backend.Name
+	e := &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeBackendError}
+	switch f.kind {
+	case "dial":
+		e.Code = codeBackendUnreachable
+		e.Message = "backend " + name + " is unreachable (" + describe(f.err) + ")"
+	case "timeout":
+		e.Status, e.Code = http.StatusGatewayTimeout, codeBackendTimeout
+		e.Message = "backend " + name + " did not answer in time: " + f.err.Error()
+	case "status":
+		e.Status = f.status
+		e.Message = "backend " + name + " answered " + strconv.Itoa(f.status) + " " + http.StatusText(f.status)
+		if f.status == http.StatusTooManyRequests {
+			e.Type, e.Code = typeRequests, codeRateLimited
+		}
+	default:
+		e.Message = "backend " + name + " failed before answering (" + describe(f.err) + ")"
+	}
+	if n > 1 {
+		e.Message += " after " + strconv.Itoa(n) + " attempts"
+	}
+	if f.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((f.retryAfter+time.Second-1)/time.Second)))
+	}
+	p.log.Warn("request failed", "backend", name, "reason", f.kind, "status", e.Status, "attempts", n, "err", f.err)
+	p.metrics.requests.WithLabelValues(name, statusLabel(e.Status), t.Reason).Inc()
+	setRouteHeaders(w, &t.Decision)
+	writeError(w, e)
+}
+
+// describe names a connection error without the backend's address, which
+// clients are not told.
+func describe(err error) string {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection closed"
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, errFirstTokenTimeout), errors.Is(err, errIdleTimeout):
+		return "timed out"
+	case err == nil:
+		return "no answer"
+	}
+	return "connection failed"
+}
+
+// firstTokenDeadline is how long t's attempt may take to its first token:
+// for a stream, the floor plus the factor times the predicted TTFT (or one
+// at fallbackPrefillRate); for a non-streamed response, whose headers come
+// with its end, the response timeout.
+func (p *Proxy) firstTokenDeadline(c *call, t *router.Ticket) time.Duration {
+	if !c.stream {
+		return p.res.ResponseTimeout
+	}
+	if p.res.FirstTokenFloor < 0 {
+		return -1
+	}
+	predicted := t.PredictedTTFT
+	if predicted <= 0 && c.req != nil {
+		predicted = time.Duration(float64(c.req.PromptTokens) / fallbackPrefillRate * float64(time.Second))
+	}
+	return p.res.FirstTokenFloor + time.Duration(p.res.FirstTokenFactor*float64(predicted))
+}
+
+// watchdog cancels an attempt when its current deadline passes: first the
+// first token's, then, re-armed by every read, the idle timeout's.
+type watchdog struct {
+	timer  *time.Timer
+	cancel context.CancelCauseFunc
+	cause  atomic.Pointer[error]
+}
+
+func newWatchdog(cancel context.CancelCauseFunc) *watchdog {
+	w := &watchdog{cancel: cancel}
+	w.timer = time.AfterFunc(time.Hour, func() {
+		if c := w.cause.Load(); c != nil {
+			cancel(*c)
+		}
+	})
+	w.timer.Stop()
+	return w
+}
+
+// arm (re)sets the deadline to d from now, cancelling with cause when it
+// passes; d < 0 turns it off.
+func (w *watchdog) arm(d time.Duration, cause error) {
+	if d < 0 {
+		w.timer.Stop()
+		return
+	}
+	w.cause.Store(&cause)
+	w.timer.Reset(d)
+}
+
+func (w *watchdog) stop() { w.timer.Stop() }
+
+// idleReader re-arms an attempt's idle timeout at every read that brings
+// bytes once the first token is in.
+type idleReader struct {
+	r io.Reader
+	a *attempt
+}
+
+func (ir idleReader) Read(b []byte) (int, error) {
+	n, err := ir.r.Read(b)
+	if n > 0 && ir.a.first {
+		ir.a.wd.arm(ir.a.p.res.StreamIdleTimeout, errIdleTimeout)
+	}
+	return n, err
+}
+
+// heldWriter holds a response's status and headers until its first byte is
+// written: until then nothing has reached the client and the request may
+// still go to another backend.
+type heldWriter struct {
+	http.ResponseWriter
+	status int
+	header http.Header // copied into the response's headers when sent
+	sent   bool
+}
+
+func (h *heldWriter) send() {
+	if h.sent {
+		return
+	}
+	h.sent = true
+	dst := h.ResponseWriter.Header()
+	for k, vv := range h.header {
+		dst[k] = vv
+	}
+	h.ResponseWriter.WriteHeader(h.status)
+}
+
+func (h *heldWriter) Write(b []byte) (int, error) {
+	h.send()
+	return h.ResponseWriter.Write(b)
+}
+
+// FlushError flushes what was written; before anything was, there is
+// nothing to flush (and the headers stay held).
+func (h *heldWriter) FlushError() error {
+	if !h.sent {
+		return nil
+	}
+	return http.NewResponseController(h.ResponseWriter).Flush()
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (h *heldWriter) Unwrap() http.ResponseWriter { return h.ResponseWriter }
+
+// retryAfter reads a Retry-After header in seconds (the form inference
+// servers use); 0 when absent or not a number.
+func retryAfter(h http.Header) time.Duration {
+	s, err := strconv.Atoi(strings.TrimSpace(h.Get("Retry-After")))
+	if err != nil || s <= 0 {
+		return 0
+	}
+	return time.Duration(min(s, 3600)) * time.Second
+}

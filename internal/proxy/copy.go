@@ -1,0 +1,199 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/router"
+)
+
+// attempt is one try of a call at one backend: its ticket (its share of the
+// backend's load, counted when it was routed), its timing and its outcome.
+// finish records everything and finishes the ticket; the prefill part of
+// the load is released at the first token.
+type attempt struct {
+	p     *Proxy
+	c     *call
+	t     *router.Ticket
+	wd    *watchdog
+	start time.Time
+	// first is set at the first token; complete when the response was
+	// copied to its end.
+	first, complete bool
+	// status is the requests_total status label; "" if the attempt is not
+	// counted (it failed before answering and the request is retried or
+	// answered by giveUp).
+	status string
+	out    router.Outcome
+}
+
+// attempt forwards c to t's backend and copies the response to w. It
+// returns the failure when nothing reached the client and another backend
+// may take the request (when canRetry, a 429/502/503/504 answer counts as
+// one; otherwise it goes to the client as it is), and abort when a
+// non-streamed response broke off after its headers were sent. A stream
+// that breaks off ends with an error event.
+func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *router.Ticket, canRetry bool) (f *failure, abort bool) {
+	b := t.Backend
+	a := &attempt{p: p, c: c, t: t, start: p.now(), out: router.Failed(0)}
+	defer a.finish(r.Context())
+
+	// The upstream request ends with the client's (when the client goes
+	// away the transport closes the backend connection and the copy loop's
+	// read fails at once), at the watchdog's deadlines, and at shutdown.
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	defer context.AfterFunc(p.stop, func() { cancel(errShutdown) })()
+	a.wd = newWatchdog(cancel)
+	defer a.wd.stop()
+	a.wd.arm(p.firstTokenDeadline(c, t), errFirstTokenTimeout)
+
+	res, err := p.transport.RoundTrip(p.upstream(upstreamRequest(ctx, r, b, c.body), b)) // security.go: credentials
+	if err != nil {
+		cause := context.Cause(ctx)
+		switch {
+		case r.Context().Err() != nil:
+			a.status = statusClientClosed
+			return nil, false
+		case cause == errShutdown:
+			a.status = statusLabel(http.StatusServiceUnavailable)
+			setRouteHeaders(w, &t.Decision)
+			writeError(w, unavailable("kvroute is shutting down; retry"))
+			return nil, false
+		case cause == errFirstTokenTimeout:
+			p.metrics.timeouts.WithLabelValues(b.Name, "first_token").Inc()
+			return &failure{kind: "timeout", err: cause}, false
+		case isDialError(err):
+			p.metrics.failures.WithLabelValues(b.Name, "dial").Inc()
+			p.fleet.MarkFailed(b, err)
+			return &failure{kind: "dial", err: err}, false
+		}
+		p.metrics.failures.WithLabelValues(b.Name, "request").Inc()
+		return &failure{kind: "reset", err: err}, false
+	}
+	defer res.Body.Close()
+
+	a.out.Status = res.StatusCode
+	if canRetry && retriableStatus(res.StatusCode) {
+		p.metrics.failures.WithLabelValues(b.Name, "status").Inc()
+		return &failure{kind: "status", status: res.StatusCode, retryAfter: retryAfter(res.Header)}, false
+	}
+	a.status = statusLabel(res.StatusCode)
+	hw := &heldWriter{ResponseWriter: w, status: res.StatusCode, header: res.Header}
+	removeHopHeaders(res.Header)
+	setRouteHeaders(w, &t.Decision)
+	stream := isEventStream(res.Header.Get("Content-Type"))
+	if stream {
+		res.Header.Del("Content-Length") // events may be dropped or edited
+	}
+	announced := len(res.Trailer)
+	if announced > 0 {
+		keys := make([]string, 0, announced)
+		for k := range res.Trailer {
+			keys = append(keys, k)
+		}
+		res.Header.Add("Trailer", strings.Join(keys, ", "))
+	}
+	if res.StatusCode/100 != 2 || res.ContentLength == 0 {
+		hw.send() // an error or an empty body: nothing to wait for
+	}
+
+	var readErr, writeErr error
+	body := idleReader{r: res.Body, a: a}
+	if stream {
+		sc := eventScanner{hideUsage: c.hideUsage}
+		readErr, writeErr = copyEvents(hw, body, &sc, a.firstToken)
+		a.out.Tokens = sc.tokens
+		if sc.sawUsage {
+			a.setUsage(sc.usage)
+		}
+	} else {
+		readErr, writeErr = a.copyBody(hw, res, body)
+	}
+	switch {
+	case writeErr != nil, readErr != nil && r.Context().Err() != nil:
+		// The client went away; the deferred cancel ends the upstream
+		// request (if the client's context did not already).
+		a.status = statusClientClosed
+		return nil, false
+	case readErr != nil:
+		return a.brokeOff(hw, context.Cause(ctx), readErr, stream, canRetry)
+	}
+	hw.send()
+	a.complete = true
+
+	// As httputil.ReverseProxy does: trailers announced in the header go
+	// out under their names, others with the TrailerPrefix.
+	h := w.Header()
+	if len(res.Trailer) > 0 {
+		if len(res.Trailer) == announced {
+			for k, vv := range res.Trailer {
+				h[k] = vv
+			}
+		} else {
+			for k, vv := range res.Trailer {
+				h[http.TrailerPrefix+k] = vv
+			}
+		}
+	}
+	return nil, false
+}
+
+// brokeOff handles a response whose body failed (err) for cause (nil: the
+// backend's own failure): retried if nothing reached the client, answered
+// with an error if only the headers are held, ended with an error event if
+// it is a stream under way; a non-streamed body cut short aborts.
+func (a *attempt) brokeOff(hw *heldWriter, cause, err error, stream, canRetry bool) (*failure, bool) {
+	p, b := a.p, a.t.Backend
+	kind, why := "read", "backend "+b.Name+" failed mid-response ("+describe(err)+")"
+	e := &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeBackendError}
+	switch cause {
+	case errFirstTokenTimeout:
+		kind, why = "first_token", "backend "+b.Name+" sent no first token in time"
+		e.Status, e.Code = http.StatusGatewayTimeout, codeBackendTimeout
+	case errIdleTimeout:
+		kind, why = "idle", "backend "+b.Name+" stalled mid-response"
+		e.Status, e.Code = http.StatusGatewayTimeout, codeBackendTimeout
+	case errShutdown:
+		kind, why = "shutdown", "kvroute is shutting down"
+		e.Status, e.Code = http.StatusServiceUnavailable, codeUnavailable
+	}
+	e.Message = why
+	if kind == "first_token" || kind == "idle" {
+		p.metrics.timeouts.WithLabelValues(b.Name, kind).Inc()
+	} else if kind == "read" {
+		p.metrics.failures.WithLabelValues(b.Name, "read").Inc()
+	}
+	if !hw.sent {
+		if canRetry && kind != "shutdown" {
+			f := &failure{kind: "reset", err: err}
+			if kind == "first_token" || kind == "idle" {
+				f = &failure{kind: "timeout", err: cause}
+			}
+			a.status = ""
+			return f, false
+		}
+		a.status = statusLabel(e.Status)
+		hw.ResponseWriter.Header().Del("Trailer")
+		writeError(hw.ResponseWriter, e)
+		return nil, false
+	}
+	a.status = statusLabel(e.Status)
+	p.metrics.cut.WithLabelValues(b.Name, kind).Inc()
+	if !stream {
+		p.log.Warn("backend failed mid-response, aborting the client connection", "backend", b.Name, "reason", kind, "err", err)
+		return nil, true
+	}
+	// A stream under way ends with an OpenAI-shaped error event and the
+	// end-of-stream marker, as vLLM ends a stream that fails: the client
+	// sees why, and its stream ends cleanly rather than being cut.
+	p.log.Warn("stream cut, ending it with an error event", "backend", b.Name, "reason", kind, "err", err)
+	ev := e.AppendEvent(make([]byte, 0, 256))
+	ev = append(ev, "data: [DONE]\n\n"...)
+	if _, werr := hw.Write(ev); werr == nil {
+		_ = hw.FlushError()
+	}
+	return nil, false
+}
