@@ -167,6 +167,7 @@ func (a *attempt) brokeOff(hw *heldWriter, cause, err error, stream, canRetry bo
 		p.metrics.failures.WithLabelValues(b.Name, "read").Inc()
 	}
 	if !hw.sent {
+		a.out.Status = 0 // nothing usable came back
 		if canRetry && kind != "shutdown" {
 			f := &failure{kind: "reset", err: err}
 			if kind == "first_token" || kind == "idle" {

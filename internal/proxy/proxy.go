@@ -361,17 +361,20 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiEr
 	if size < 0 || size > maxPrealloc {
 		size = min(maxPrealloc, p.maxBody)
 	}
-	// A body sent a byte a second must not hold a connection for ever.
-	if d := p.res.BodyReadTimeout; d > 0 {
-		rc := http.NewResponseController(w)
-		if rc.SetReadDeadline(time.Now().Add(d)) == nil {
-			defer rc.SetReadDeadline(time.Time{})
-		}
-	}
+	// A body sent a byte a second must not hold a connection for ever. The
+	// deadline is lifted once the body is in (a response may stream for
+	// minutes), and kept when it is not: the connection is then closed
+	// after the answer rather than read on.
+	rc := http.NewResponseController(w)
+	deadline := p.res.BodyReadTimeout > 0 && rc.SetReadDeadline(time.Now().Add(p.res.BodyReadTimeout)) == nil
 	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, p.maxBody))
 	body := buf.Bytes()
+	if err == nil && deadline {
+		_ = rc.SetReadDeadline(time.Time{})
+	}
 	if err != nil {
+		w.Header().Set("Connection", "close")
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return nil, tooLarge(p.maxBody)
 		}

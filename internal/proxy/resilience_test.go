@@ -1,0 +1,242 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+const streamBody = `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}`
+
+// okStream answers every request with a one-token stream.
+func okStream(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	_, _ = io.WriteString(w, `data: {"choices":[{"delta":{"content":"ok"}}]}`+"\n\ndata: [DONE]\n\n")
+}
+
+// hang holds a request until its client goes away or the test ends. It
+// reads the body first: only then does the server notice a client that
+// closed the connection.
+func hang(done <-chan struct{}) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		select {
+		case <-time.After(time.Minute):
+		case <-r.Context().Done():
+		case <-done:
+		}
+	}
+}
+
+// quick makes the proxy's timeouts short enough for a test.
+func quick(cfg *Config) {
+	cfg.Resilience = Resilience{FirstTokenFloor: 300 * time.Millisecond, FirstTokenFactor: -1e-9,
+		StreamIdleTimeout: 300 * time.Millisecond, ResponseTimeout: 300 * time.Millisecond}
+}
+
+// A backend that answers 429, 502, 503 or 504, or that never answers, or
+// whose connection drops before it answers, did not take the request:
+// another backend does, and the client sees only the success.
+func TestRetriesBeforeTheFirstByte(t *testing.T) {
+	done := make(chan struct{})
+	defer close(done)
+	for _, tt := range []struct {
+		name    string
+		handler http.HandlerFunc
+		reason  string
+	}{
+		{"429", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Retry-After", "7")
+			http.Error(w, `{"error":{"message":"busy"}}`, http.StatusTooManyRequests)
+		}, "status"},
+		{"503", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) }, "status"},
+		{"502", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusBadGateway) }, "status"},
+		{"hang", hang(done), "timeout"},
+		{"reset", func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) }, "reset"},
+		{"headers, then nothing", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			_ = http.NewResponseController(w).Flush()
+			hang(done)(w, r)
+		}, "timeout"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			bad := newServer(t, tt.handler)
+			good := newServer(t, http.HandlerFunc(okStream))
+			b0, b1 := testBackend(t, 0, "b0", bad.URL, "m"), testBackend(t, 1, "b1", good.URL, "m")
+			pol := newFirstPolicy()
+			p, px := newTestProxy(t, newFakeFleet(b0, b1), pol, quick)
+			res, body := post(t, px.URL, "/v1/chat/completions", streamBody)
+			if res.StatusCode != 200 || res.Header.Get(HeaderBackend) != "b1" || !strings.Contains(body, `"ok"`) {
+				t.Fatalf("got %d from %s: %q; want 200 from b1", res.StatusCode, res.Header.Get(HeaderBackend), body)
+			}
+			if got := counterValue(t, p, "kvroute_retries_total", "backend", "b0", "reason", tt.reason); got != 1 {
+				t.Errorf("retries = %v, want 1 (%s)", got, tt.reason)
+			}
+			first, second := pol.outcome(t), pol.outcome(t)
+			if first.Decision.Backend != b0 || first.Status/100 == 2 || second.Decision.Backend != b1 || second.Status != 200 {
+				t.Errorf("outcomes %+v then %+v, want b0 failed then b1 200", first.Outcome, second.Outcome)
+			}
+			px.await(t)
+			assertIdle(t, b0, b1)
+		})
+	}
+}
+
+// Out of backends to try, the client gets the last backend's own answer
+// when it had one, or a gateway error in OpenAI shape.
+func TestRetriesGiveUp(t *testing.T) {
+	busy := func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Retry-After", "3")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = io.WriteString(w, `{"error":{"message":"busy","type":"requests","param":null,"code":"rate_limit_exceeded"}}`)
+	}
+	s0, s1 := newServer(t, http.HandlerFunc(busy)), newServer(t, http.HandlerFunc(busy))
+	b0, b1 := testBackend(t, 0, "b0", s0.URL, "m"), testBackend(t, 1, "b1", s1.URL, "m")
+	_, px := newTestProxy(t, newFakeFleet(b0, b1), newFirstPolicy(), quick)
+	res, body := post(t, px.URL, "/v1/chat/completions", chatBody)
+	if res.StatusCode != 429 || res.Header.Get("Retry-After") != "3" || !strings.Contains(body, `"busy"`) {
+		t.Errorf("got %d (Retry-After %q) %s; want b1's own 429", res.StatusCode, res.Header.Get("Retry-After"), body)
+	}
+
+	done := make(chan struct{})
+	defer close(done)
+	h0, h1 := newServer(t, hang(done)), newServer(t, hang(done))
+	b0, b1 = testBackend(t, 0, "h0", h0.URL, "m"), testBackend(t, 1, "h1", h1.URL, "m")
+	_, px = newTestProxy(t, newFakeFleet(b0, b1), newFirstPolicy(), quick)
+	start := time.Now()
+	res, body = post(t, px.URL, "/v1/chat/completions", streamBody)
+	if _, typ, code := openAIError(t, body); res.StatusCode != 504 || typ != typeServer || code != codeBackendTimeout {
+		t.Errorf("got %d %s, want 504 backend_timeout", res.StatusCode, body)
+	}
+	// Two first-token deadlines, and no more: bounded however long the
+	// backends hang.
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("took %v", d)
+	}
+	assertIdle(t, b0, b1)
+}
+
+// A stream whose backend stalls after its first token ends, after the
+// idle timeout, with an error event and the end marker; so does a stream
+// still running when the proxy stops.
+func TestStreamEndsWithErrorEvent(t *testing.T) {
+	for _, tt := range []struct {
+		name, code string
+		stop       bool
+	}{
+		{"stalled", codeBackendTimeout, false},
+		{"shutdown", codeUnavailable, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			done := make(chan struct{})
+			defer close(done)
+			first := make(chan struct{})
+			be := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, `data: {"choices":[{"delta":{"content":"Hi"}}]}`+"\n\n")
+				_ = http.NewResponseController(w).Flush()
+				close(first)
+				hang(done)(w, r)
+			}))
+			b0 := testBackend(t, 0, "b0", be.URL, "m")
+			p, px := newTestProxy(t, newFakeFleet(b0), newFirstPolicy(), func(cfg *Config) {
+				quick(cfg)
+				if tt.stop {
+					cfg.Resilience.StreamIdleTimeout = -1
+				}
+			})
+			req, _ := http.NewRequest(http.MethodPost, px.URL+"/v1/chat/completions", strings.NewReader(streamBody))
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Body.Close()
+			rd := bufio.NewReader(res.Body)
+			if ev := event(t, rd); !strings.Contains(ev, `"Hi"`) {
+				t.Fatalf("first event %q", ev)
+			}
+			<-first
+			if tt.stop {
+				p.Stop()
+			}
+			ev := event(t, rd)
+			if _, _, code := openAIError(t, strings.TrimPrefix(ev, "data: ")); code != tt.code {
+				t.Errorf("event %q, want an error with code %s", ev, tt.code)
+			}
+			if ev := event(t, rd); ev != "data: [DONE]\n\n" {
+				t.Errorf("then %q, want the end marker", ev)
+			}
+			if rest, err := io.ReadAll(rd); err != nil || len(rest) != 0 {
+				t.Errorf("then %q, %v: want a clean end", rest, err)
+			}
+			px.await(t)
+			assertIdle(t, b0)
+		})
+	}
+}
+
+// Draining: /readyz says 503 at once, requests are still served.
+func TestDrainTurnsReadyzOff(t *testing.T) {
+	good := newServer(t, http.HandlerFunc(okStream))
+	p, px := newTestProxy(t, newFakeFleet(testBackend(t, 0, "b0", good.URL, "m")), newFirstPolicy(), nil)
+	if res, _ := get(t, px.URL, "/readyz", ""); res.StatusCode != 200 {
+		t.Fatalf("readyz %d before draining", res.StatusCode)
+	}
+	p.Drain()
+	if res, body := get(t, px.URL, "/readyz", ""); res.StatusCode != 503 || !strings.Contains(body, "draining") {
+		t.Errorf("readyz %d %s while draining, want 503", res.StatusCode, body)
+	}
+	if res, _ := post(t, px.URL, "/v1/chat/completions", streamBody); res.StatusCode != 200 {
+		t.Errorf("a request while draining got %d, want 200", res.StatusCode)
+	}
+}
+
+// A body that trickles in is cut at the body read timeout with a 408.
+func TestSlowBodyTimesOut(t *testing.T) {
+	good := newServer(t, http.HandlerFunc(okStream))
+	_, px := newTestProxy(t, newFakeFleet(testBackend(t, 0, "b0", good.URL, "m")), newFirstPolicy(), func(cfg *Config) {
+		cfg.Resilience.BodyReadTimeout = 200 * time.Millisecond
+	})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(px.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	if _, _, code := openAIError(t, string(body)); res.StatusCode != http.StatusRequestTimeout || code != codeRequestTimeout {
+		t.Errorf("got %d %s, want 408 request_timeout", res.StatusCode, body)
+	}
+}
+
+func TestRetryBudget(t *testing.T) {
+	b := retryBudget{ratio: 0.2, min: 3}
+	for range 3 {
+		if !b.acquire() {
+			t.Fatal("the minimum of 3 retries was refused")
+		}
+	}
+	if b.allows() || b.acquire() {
+		t.Error("a 4th retry with nothing in flight")
+	}
+	b.active.Store(50) // 20 % of 50: 10 retries
+	for range 7 {
+		if !b.acquire() {
+			t.Fatal("a retry within 20 % of 50 was refused")
+		}
+	}
+	if b.acquire() {
+		t.Error("an 11th retry with 50 in flight")
+	}
+}
