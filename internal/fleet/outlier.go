@@ -90,8 +90,9 @@ type OutlierOptions struct {
 	MaxEjectionTime time.Duration
 	// MaxEjectionPercent caps the share of the fleet ejected at once, in
 	// percent of its backends, rounded down but at least one backend when
-	// the fleet has two or more (default 50). Beyond the cap an ejection is
-	// refused, and logged once, until another backend returns.
+	// the fleet has two or more (default 50); so below 100 the only backend
+	// of a fleet of one is never ejected. Beyond the cap an ejection is
+	// refused, and logged once per streak, until another backend returns.
 	MaxEjectionPercent int
 }
 
