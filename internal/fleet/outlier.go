@@ -54,7 +54,7 @@ const (
 	DefaultMaxEjectionTime = 300 * time.Second
 	// DefaultMaxEjectionPercent: at most half the fleet ejected at once
 	// (Envoy defaults to 10 %, which in a fleet of fewer than ten backends
-	// would eject nothing; Envoy then ejects one anyway, as we do). When
+	// rounds to nothing; Envoy may eject one host anyway, as we do). When
 	// most of a fleet looks bad the cause is usually shared (the network,
 	// the router, the load) and ejecting more only overloads the rest.
 	DefaultMaxEjectionPercent = 50
