@@ -79,8 +79,12 @@ type Options struct {
 	// Logger receives health transitions and probe failures; nil means
 	// slog.Default().
 	Logger *slog.Logger
-	// Now is the clock that stamps and ages metrics; nil means time.Now.
+	// Now is the clock that stamps and ages metrics and times ejections;
+	// nil means time.Now.
 	Now func() time.Time
+	// Outlier configures outlier ejection (see Report); the zero value gives
+	// Envoy's defaults.
+	Outlier OutlierOptions
 }
 
 // Fleet is the set of backends kvroute routes to. It keeps their health,
@@ -101,6 +105,7 @@ type Fleet struct {
 	now                               func() time.Time
 
 	running atomic.Bool
+	out     outliers
 }
 
 // member is a fleet's private state for one backend: probe URLs, the health
@@ -121,6 +126,8 @@ type member struct {
 	discoverFailing bool
 	// cache is the KV cache shape from the latest scrape that had one.
 	cache cacheConfig
+
+	out outlierState // has its own lock: Report never waits on health checks
 
 	scrapeMu sync.Mutex // one scrape at a time; guards the fields below
 	scraper  scraper
@@ -146,6 +153,7 @@ func New(backends []*Backend, opts Options) *Fleet {
 		log:         opts.Logger,
 		now:         opts.Now,
 	}
+	f.out.init(opts.Outlier, len(backends))
 	f.maxAge = staleScrapes * f.scrapeEvery
 	if f.client == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -185,25 +193,26 @@ func positive(d, def time.Duration) time.Duration {
 // is shared: do not modify it.
 func (f *Fleet) Backends() []*Backend { return f.backends }
 
-// Candidates appends to dst the healthy backends that serve model, in fleet
-// order, and returns the extended slice. It is the hot path: it takes no
-// locks and allocates nothing when dst has room.
+// Candidates appends to dst the backends in rotation (healthy, not ejected,
+// not backing off) that serve model, in fleet order, and returns the
+// extended slice. It is the hot path: it takes no locks and allocates
+// nothing when dst has room.
 func (f *Fleet) Candidates(dst []*Backend, model string) []*Backend {
-	for _, b := range f.backends {
-		if b.Healthy() && b.Info().Serves(model) {
-			dst = append(dst, b)
+	for _, m := range f.members {
+		if f.inRotation(m) && m.b.Info().Serves(model) {
+			dst = append(dst, m.b)
 		}
 	}
 	return dst
 }
 
-// Healthy appends to dst the healthy backends, whatever they serve, in fleet
-// order, and returns the extended slice. It allocates nothing when dst has
-// room.
+// Healthy appends to dst the backends in rotation (healthy, not ejected, not
+// backing off), whatever they serve, in fleet order, and returns the
+// extended slice. It allocates nothing when dst has room.
 func (f *Fleet) Healthy(dst []*Backend) []*Backend {
-	for _, b := range f.backends {
-		if b.Healthy() {
-			dst = append(dst, b)
+	for _, m := range f.members {
+		if f.inRotation(m) {
+			dst = append(dst, m.b)
 		}
 	}
 	return dst
@@ -222,11 +231,13 @@ func (f *Fleet) Models() []string {
 	return slices.Compact(models)
 }
 
-// Ready reports whether at least one backend is healthy and discovered, so
-// that some request could be routed.
+// Ready reports whether at least one backend is healthy, not ejected and
+// discovered, so that some request could be routed. A backoff does not make
+// a backend unready: it is short, and an overloaded fleet is not a broken
+// one.
 func (f *Fleet) Ready() bool {
-	for _, b := range f.backends {
-		if b.Healthy() && b.Info() != nil {
+	for _, m := range f.members {
+		if b := m.b; b.Healthy() && !m.out.ejected.Load() && b.Info() != nil {
 			return true
 		}
 	}

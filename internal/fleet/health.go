@@ -21,10 +21,14 @@ func (f *Fleet) checkHealth(ctx context.Context, m *member) (discover bool) {
 	passive := m.passive
 	m.mu.Unlock()
 
+	started := f.now()
 	err := f.probe(ctx, m)
 	if ctx.Err() != nil {
 		// Shutting down: a probe cut short says nothing about the backend.
 		return false
+	}
+	if err == nil {
+		f.readmit(m, started) // an ejected backend returns on a pass begun after its ejection
 	}
 
 	m.mu.Lock()
