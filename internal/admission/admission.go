@@ -60,8 +60,9 @@ type Config struct {
 	// of the router. Negative is an error.
 	QueueTimeout time.Duration
 	// Registerer, if not nil, gets the controller's metrics
-	// (kvroute_admission_*). A registry takes one Controller; wrap it with
-	// prometheus.WrapRegistererWith (e.g. a "pool" label) for more.
+	// (kvroute_admission_*). A registry takes one Controller; for several,
+	// give each prometheus.WrapRegistererWith(prometheus.Labels{"pool":
+	// name}, reg).
 	Registerer prometheus.Registerer
 	// Now reads the clock. Default time.Now; tests inject a fake.
 	Now func() time.Time

@@ -93,7 +93,7 @@ func newMetrics(reg prometheus.Registerer, rate func() float64) (*metrics, error
 	}
 	for _, col := range []prometheus.Collector{queue, inFlight, admitted, rejected, wait, drain} {
 		if err := reg.Register(col); err != nil {
-			return nil, fmt.Errorf("admission: register metrics (one Controller per registry; wrap it with prometheus.WrapRegistererWith for more): %w", err)
+			return nil, fmt.Errorf("admission: register metrics (one Controller per registry, or each under prometheus.WrapRegistererWith with its own label value): %w", err)
 		}
 	}
 	return m, nil
