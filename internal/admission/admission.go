@@ -98,8 +98,10 @@ type Entry struct {
 
 // Stats is a snapshot of a Controller.
 type Stats struct {
+	// InFlight is the requests admitted and not yet released.
 	InFlight int
-	Queued   [NumClasses]int
+	// Queued is the requests waiting, by class.
+	Queued [NumClasses]int
 	// DrainRate is the estimated releases per second; 0 until the first.
 	DrainRate float64
 }

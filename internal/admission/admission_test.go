@@ -571,7 +571,7 @@ func TestConcurrent(t *testing.T) {
 		each    = 200
 		maxIn   = 4
 	)
-	c, err := New(Config{MaxInFlight: maxIn, MaxQueue: 32, Registerer: prometheus.NewRegistry()})
+	c, err := New(Config{MaxInFlight: maxIn, MaxQueue: 48, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -600,6 +600,9 @@ func TestConcurrent(t *testing.T) {
 				} else {
 					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 					}
+				}
+				for range 1 + rng.IntN(4) { // hold the slot a while
+					runtime.Gosched()
 				}
 				inFlight.Add(-1)
 				release()
