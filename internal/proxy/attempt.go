@@ -170,6 +170,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 			}
 			return
 		}
+		if n == 1 && p.missesDeadline(w, t, c.deadline) {
+			return
+		}
 		canRetry := n < p.res.MaxAttempts && len(cands) > 1 && p.budget.allows()
 		f, abort := p.attempt(w, r, c, t, canRetry)
 		if abort {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"strings"
@@ -26,7 +27,10 @@ type attempt struct {
 	// counted (it failed before answering and the request is retried or
 	// answered by giveUp).
 	status string
-	out    router.Outcome
+	// fail is why the backend gave no usable answer: "timeout", or "dial",
+	// "reset" or "read" (a gateway error); "" if it answered.
+	fail string
+	out  router.Outcome
 }
 
 // attempt forwards c to t's backend and copies the response to w. It
@@ -64,21 +68,28 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 			return nil, false
 		case cause == errFirstTokenTimeout:
 			p.metrics.timeouts.WithLabelValues(b.Name, "first_token").Inc()
+			a.fail = "timeout"
 			return &failure{kind: "timeout", err: cause}, false
 		case isDialError(err):
 			p.metrics.failures.WithLabelValues(b.Name, "dial").Inc()
 			p.fleet.MarkFailed(b, err)
+			a.fail = "dial"
 			return &failure{kind: "dial", err: err}, false
 		}
 		p.metrics.failures.WithLabelValues(b.Name, "request").Inc()
+		a.fail = "reset"
 		return &failure{kind: "reset", err: err}, false
 	}
 	defer res.Body.Close()
 
 	a.out.Status = res.StatusCode
+	wait := retryAfter(res.Header)
+	if res.StatusCode == http.StatusTooManyRequests {
+		p.fleet.Backoff(b, time.Now().Add(cmp.Or(wait, backoffFor)))
+	}
 	if canRetry && retriableStatus(res.StatusCode) {
 		p.metrics.failures.WithLabelValues(b.Name, "status").Inc()
-		return &failure{kind: "status", status: res.StatusCode, retryAfter: retryAfter(res.Header)}, false
+		return &failure{kind: "status", status: res.StatusCode, retryAfter: wait}, false
 	}
 	a.status = statusLabel(res.StatusCode)
 	hw := &heldWriter{ResponseWriter: w, status: res.StatusCode, header: res.Header}
@@ -165,6 +176,12 @@ func (a *attempt) brokeOff(hw *heldWriter, cause, err error, stream, canRetry bo
 		p.metrics.timeouts.WithLabelValues(b.Name, kind).Inc()
 	} else if kind == "read" {
 		p.metrics.failures.WithLabelValues(b.Name, "read").Inc()
+	}
+	a.fail = "read"
+	if kind == "first_token" || kind == "idle" {
+		a.fail = "timeout"
+	} else if kind == "shutdown" {
+		a.fail = ""
 	}
 	if !hw.sent {
 		a.out.Status = 0 // nothing usable came back

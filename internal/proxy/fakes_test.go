@@ -24,8 +24,10 @@ type fakeFleet struct {
 	backends []*fleet.Backend
 	notReady atomic.Bool
 
-	mu     sync.Mutex
-	failed map[string]error
+	mu      sync.Mutex
+	failed  map[string]error
+	reports map[string][]fleet.ResultKind
+	backoff map[string]time.Time
 }
 
 // Both the real fleet and the fake are Fleets.
@@ -35,7 +37,8 @@ var (
 )
 
 func newFakeFleet(bs ...*fleet.Backend) *fakeFleet {
-	return &fakeFleet{backends: bs, failed: make(map[string]error)}
+	return &fakeFleet{backends: bs, failed: make(map[string]error),
+		reports: make(map[string][]fleet.ResultKind), backoff: make(map[string]time.Time)}
 }
 
 func (f *fakeFleet) Candidates(dst []*fleet.Backend, model string) []*fleet.Backend {
@@ -87,6 +90,34 @@ func (f *fakeFleet) MarkFailed(b *fleet.Backend, err error) {
 
 func (f *fakeFleet) Backends() []*fleet.Backend { return f.backends }
 
+// Report records the result; the fake ejects nothing.
+func (f *fakeFleet) Report(b *fleet.Backend, r fleet.Result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reports[b.Name] = append(f.reports[b.Name], r.Kind)
+}
+
+// Backoff records until when b is to be avoided; the fake avoids nothing.
+func (f *fakeFleet) Backoff(b *fleet.Backend, until time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.backoff[b.Name] = until
+}
+
+// backedOff returns until when backend name is to be avoided.
+func (f *fakeFleet) backedOff(name string) time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.backoff[name]
+}
+
+// reported returns the results reported of backend name.
+func (f *fakeFleet) reported(name string) []fleet.ResultKind {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]fleet.ResultKind(nil), f.reports[name]...)
+}
+
 func (f *fakeFleet) failure(name string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -112,6 +143,8 @@ type firstPolicy struct {
 	prefix int
 	// err, if set, is returned by Pick.
 	err error
+	// predict is the TTFT it predicts for every request.
+	predict time.Duration
 
 	mu       sync.Mutex
 	requests []router.Request
@@ -142,10 +175,11 @@ func (p *firstPolicy) Pick(req *router.Request, cands []*fleet.Backend) (router.
 		return router.Decision{}, p.err
 	}
 	d := router.Decision{
-		Backend: cands[0],
-		Reason:  "first",
-		Cached:  min(p.prefix, req.PromptTokens),
-		Scores:  []router.Score{{Backend: cands[0].Name, Cost: 1, Cached: p.prefix}},
+		Backend:       cands[0],
+		Reason:        "first",
+		Cached:        min(p.prefix, req.PromptTokens),
+		PredictedTTFT: p.predict,
+		Scores:        []router.Score{{Backend: cands[0].Name, Cost: 1, Cached: p.prefix}},
 	}
 	seen := d
 	d.Done = func(o router.Outcome) {

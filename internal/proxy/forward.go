@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/router"
@@ -34,6 +35,8 @@ type call struct {
 	body []byte
 	// stream is set when the client asked for a streamed response.
 	stream bool
+	// deadline is the time to first token the client grants; 0 for none.
+	deadline time.Duration
 	// hideUsage is set when the proxy turned on stream_options.include_usage
 	// for a client that did not ask: its usage chunk is not forwarded.
 	hideUsage bool
@@ -98,6 +101,7 @@ func (a *attempt) setUsage(u usage) {
 func (a *attempt) finish(ctx context.Context) {
 	p, d, o := a.p, &a.t.Decision, &a.out
 	o.Latency = p.now().Sub(a.start)
+	a.report()
 	name := d.Backend.Name
 	m := p.metrics
 	if a.status != "" {

@@ -38,6 +38,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/router"
 )
@@ -76,6 +77,11 @@ type Fleet interface {
 	// MarkFailed takes b out of rotation at once after a request to it
 	// failed with err (a passive health check).
 	MarkFailed(b *fleet.Backend, err error)
+	// Report tells the fleet how an attempt at b went (outlier ejection).
+	Report(b *fleet.Backend, r fleet.Result)
+	// Backoff keeps b out of the candidates until then (a 429's
+	// Retry-After).
+	Backoff(b *fleet.Backend, until time.Time)
 	// Backends returns every backend, healthy or not, in fleet order.
 	Backends() []*fleet.Backend
 }
@@ -114,6 +120,8 @@ type Config struct {
 	MaxBodyBytes int64
 	// Resilience sets the timeouts and retries of requests to backends.
 	Resilience Resilience
+	// Overload sets the caps and the queue of generation requests.
+	Overload Overload
 	// Security is who may use the proxy and what reaches the backends
 	// (security.go); the zero value is an open proxy.
 	Security Security
@@ -127,6 +135,8 @@ type Proxy struct {
 	byLoad *router.Router // embeddings and other endpoints
 	res    Resilience
 	budget retryBudget
+	over   Overload
+	queue  *admission.Controller
 	// stop ends every attempt still in flight (Stop); draining makes
 	// /readyz answer 503 (Drain).
 	stop          context.Context
@@ -186,6 +196,10 @@ func New(cfg Config) (*Proxy, error) {
 	p.res = cfg.Resilience.withDefaults()
 	p.budget.ratio, p.budget.min = p.res.RetryBudget, int64(p.res.RetryBudgetMin)
 	p.stop, p.stopAll = context.WithCancel(context.Background())
+	p.over = cfg.Overload
+	if p.over.MaxPerBackend == 0 {
+		p.over.MaxPerBackend = DefaultMaxPerBackend
+	}
 	reg := cfg.Registerer
 	if reg == nil {
 		own := prometheus.NewRegistry()
@@ -196,6 +210,13 @@ func New(cfg Config) (*Proxy, error) {
 	var err error
 	if p.metrics, err = newMetrics(reg, cfg.Fleet); err != nil {
 		return nil, err
+	}
+	qc := p.over.Admission
+	if qc.Registerer == nil {
+		qc.Registerer = reg
+	}
+	if p.queue, err = admission.New(qc); err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	if p.sec, err = newSecurity(cfg.Security, reg, p.log); err != nil {
 		return nil, err
@@ -391,10 +412,14 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiEr
 // or the error that explains why there are none: no backend serves the
 // model (404), or those that do are all down, or the fleet is not ready yet
 // (503).
-func (p *Proxy) candidates(dst []*fleet.Backend, model string) ([]*fleet.Backend, *apiError) {
-	cands := p.fleet.Candidates(dst, model)
+func (p *Proxy) candidates(w http.ResponseWriter, model string) ([]*fleet.Backend, *apiError) {
+	cands := p.fleet.Candidates(nil, model)
 	if len(cands) > 0 {
 		return cands, nil
+	}
+	if len(p.fleet.Backends()) > 0 {
+		// A health check's round may bring one back.
+		w.Header().Set("Retry-After", waitRetry)
 	}
 	for _, b := range p.fleet.Backends() {
 		if b.Info().Serves(model) {
@@ -424,17 +449,28 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep route
 		p.reject(w, e)
 		return
 	}
-	c := &call{ep: ep, req: &g.req, body: body, stream: g.stream}
+	p.router.Estimate(&g.req)
+	entry, e := p.entry(r, &g.req)
+	if e != nil {
+		p.reject(w, e)
+		return
+	}
+	c := &call{ep: ep, req: &g.req, body: body, stream: g.stream, deadline: entry.Deadline}
 	if g.stream && !g.includeUsage {
 		// Ask for the usage chunk so that the router learns what the
 		// backend had cached; the client will not see it.
 		c.body, c.hideUsage = withIncludeUsage(body)
 	}
-	cands, e := p.candidates(nil, g.req.Model)
+	cands, e := p.candidates(w, g.req.Model)
 	if e != nil {
 		p.reject(w, e)
 		return
 	}
+	cands, release, ok := p.admitGeneration(w, r, entry, cands)
+	if !ok {
+		return
+	}
+	defer release()
 	p.forward(w, r, c, cands)
 }
 
@@ -459,7 +495,7 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep router.En
 			p.reject(w, e)
 			return
 		}
-		if cands, e = p.candidates(nil, model); e != nil {
+		if cands, e = p.candidates(w, model); e != nil {
 			p.reject(w, e)
 			return
 		}

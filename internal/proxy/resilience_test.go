@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"github.com/kvroute/kvroute/internal/fleet"
 	"io"
 	"net"
 	"net/http"
@@ -69,7 +70,8 @@ func TestRetriesBeforeTheFirstByte(t *testing.T) {
 			good := newServer(t, http.HandlerFunc(okStream))
 			b0, b1 := testBackend(t, 0, "b0", bad.URL, "m"), testBackend(t, 1, "b1", good.URL, "m")
 			pol := newFirstPolicy()
-			p, px := newTestProxy(t, newFakeFleet(b0, b1), pol, quick)
+			f := newFakeFleet(b0, b1)
+			p, px := newTestProxy(t, f, pol, quick)
 			res, body := post(t, px.URL, "/v1/chat/completions", streamBody)
 			if res.StatusCode != 200 || res.Header.Get(HeaderBackend) != "b1" || !strings.Contains(body, `"ok"`) {
 				t.Fatalf("got %d from %s: %q; want 200 from b1", res.StatusCode, res.Header.Get(HeaderBackend), body)
@@ -83,6 +85,21 @@ func TestRetriesBeforeTheFirstByte(t *testing.T) {
 			}
 			px.await(t)
 			assertIdle(t, b0, b1)
+			// The fleet hears of both: the failure counts towards b0's
+			// ejection, a 429 keeps it away for its Retry-After.
+			want := map[string]fleet.ResultKind{"status": fleet.ResultGatewayError, "reset": fleet.ResultGatewayError, "timeout": fleet.ResultTimeout}[tt.reason]
+			if tt.name == "429" {
+				want = fleet.ResultOverloaded
+				if until := f.backedOff("b0"); time.Until(until) < 5*time.Second {
+					t.Errorf("b0 backed off until %v, want its Retry-After of 7 s", until)
+				}
+			}
+			if got := f.reported("b0"); len(got) != 1 || got[0] != want {
+				t.Errorf("b0 reported %v, want [%v]", got, want)
+			}
+			if got := f.reported("b1"); len(got) != 1 || got[0] != fleet.ResultSuccess {
+				t.Errorf("b1 reported %v, want [success]", got)
+			}
 		})
 	}
 }
@@ -218,6 +235,96 @@ func TestSlowBodyTimesOut(t *testing.T) {
 	if _, _, code := openAIError(t, string(body)); res.StatusCode != http.StatusRequestTimeout || code != codeRequestTimeout {
 		t.Errorf("got %d %s, want 408 request_timeout", res.StatusCode, body)
 	}
+}
+
+// When every candidate has its fill of requests, the next waits in the
+// router's queue and runs when one ends; past the queue, requests are
+// refused at once with 429 and a Retry-After.
+func TestOverloadQueuesThenRefuses(t *testing.T) {
+	hold := make(chan struct{})
+	arrived := make(chan struct{}, 10)
+	be := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-hold
+		okStream(w, r)
+	}))
+	b0 := testBackend(t, 0, "b0", be.URL, "m")
+	_, px := newTestProxy(t, newFakeFleet(b0), newFirstPolicy(), func(cfg *Config) {
+		cfg.Overload.MaxPerBackend = 1
+		cfg.Overload.Admission.MaxQueue = 1
+	})
+	type answer struct {
+		status int
+		body   string
+		retry  string
+	}
+	send := func() chan answer {
+		c := make(chan answer, 1)
+		go func() {
+			res, body := post(t, px.URL, "/v1/chat/completions", streamBody)
+			c <- answer{res.StatusCode, body, res.Header.Get("Retry-After")}
+		}()
+		return c
+	}
+	first := send()
+	<-arrived
+	second := send() // queued: b0 is full
+	waitFor(t, func() bool {
+		return strings.Contains(metricsText(t, px.URL), `kvroute_admission_queue_length{class="standard"} 1`)
+	})
+	third := <-send() // the queue is full too
+	if _, _, code := openAIError(t, third.body); third.status != 429 || third.retry == "" || code != "queue_full" {
+		t.Errorf("third: %d (Retry-After %q) %s, want 429 queue_full with a Retry-After", third.status, third.retry, third.body)
+	}
+	close(hold)
+	for i, c := range []chan answer{first, second} {
+		if a := <-c; a.status != 200 {
+			t.Errorf("request %d: %d %s", i+1, a.status, a.body)
+		}
+	}
+	assertIdle(t, b0)
+}
+
+// A request whose deadline the best backend is predicted to miss is
+// refused at once, before any prefill is spent on it.
+func TestDeadlineUnmeetable(t *testing.T) {
+	arrived := make(chan struct{}, 10)
+	be := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		okStream(w, r)
+	}))
+	b0 := testBackend(t, 0, "b0", be.URL, "m")
+	pol := newFirstPolicy()
+	pol.predict = 5 * time.Second
+	_, px := newTestProxy(t, newFakeFleet(b0), pol, nil)
+	res, body := post(t, px.URL, "/v1/chat/completions", streamBody, HeaderDeadline, "1s")
+	if _, _, code := openAIError(t, body); res.StatusCode != 429 || code != "deadline_unmeetable" {
+		t.Errorf("got %d %s, want 429 deadline_unmeetable", res.StatusCode, body)
+	}
+	if len(arrived) != 0 {
+		t.Error("the backend got a request that could not meet its deadline")
+	}
+	if res, body := post(t, px.URL, "/v1/chat/completions", streamBody, HeaderDeadline, "10s"); res.StatusCode != 200 {
+		t.Errorf("with a deadline of 10 s: %d %s", res.StatusCode, body)
+	}
+	assertIdle(t, b0)
+}
+
+// waitFor polls cond until it holds, for at most 10 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 10 s")
+		}
+	}
+}
+
+// metricsText is the proxy's /metrics page.
+func metricsText(t *testing.T, url string) string {
+	t.Helper()
+	_, body := get(t, url, "/metrics", "")
+	return body
 }
 
 func TestRetryBudget(t *testing.T) {

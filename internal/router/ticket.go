@@ -46,9 +46,7 @@ func (r *Router) Policy() Policy { return r.policy }
 // with the failure and routes again without the failed backend (Without).
 // The errors are ErrNoBackend and ErrNoChoice, or the policy's own.
 func (r *Router) Route(req *Request, cands []*fleet.Backend) (*Ticket, error) {
-	if req.PromptTokens <= 0 {
-		req.PromptTokens = r.tokens.Estimate(req.Prompt)
-	}
+	r.Estimate(req)
 	d, err := r.policy.Pick(req, cands)
 	if err != nil {
 		return nil, err
@@ -61,6 +59,15 @@ func (r *Router) Route(req *Request, cands []*fleet.Backend) (*Ticket, error) {
 	t := &Ticket{Decision: d, req: req, tokens: r.tokens}
 	t.flight = d.Backend.Start(prompt-cached, prompt+req.MaxTokens)
 	return t, nil
+}
+
+// Estimate sets req.PromptTokens to the router's estimate unless the caller
+// counted it, as Route does; for callers that need the number before
+// routing (admission, rate limits).
+func (r *Router) Estimate(req *Request) {
+	if req.PromptTokens <= 0 {
+		req.PromptTokens = r.tokens.Estimate(req.Prompt)
+	}
 }
 
 // Without returns cands without b, reusing cands' array.
