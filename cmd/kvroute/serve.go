@@ -8,25 +8,30 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/server"
 )
 
 // serveConfig is what the serve flags decide.
 type serveConfig struct {
-	listen        string
-	backends      []*fleet.Backend
-	fleet         fleet.Options
-	policy        string
-	policyOpts    router.Options
-	sessionHeader string
-	logLevel      slog.Level
-	security      securityConfig // securityflags.go
+	listen         string
+	server         server.Config // timeouts, caps and drain of the listener
+	resilience     proxy.Resilience
+	overload       proxy.Overload
+	connectTimeout time.Duration
+	backends       []*fleet.Backend
+	fleet          fleet.Options
+	policy         string
+	policyOpts     router.Options
+	sessionHeader  string
+	logLevel       slog.Level
+	security       securityConfig // securityflags.go
 }
 
 // stringList is a repeatable string flag.
@@ -47,7 +52,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	)
 	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:8080", "address the OpenAI-compatible API listens on")
 	fs.Var(&specs, "backend", "a backend as [name=]URL, e.g. gpu0=http://127.0.0.1:8001 (repeatable)")
-	fs.StringVar(&configPath, "config", "", "YAML file listing backends (backends: [{name, url}], scrape_interval, health_interval)")
+	fs.StringVar(&configPath, "config", "", "YAML file: backends: [{name, url, api_key_env}], and any flag below as a key (first_token_floor: 15s)")
 	fs.StringVar(&cfg.policy, "policy", "kvroute", "routing policy: "+strings.Join(router.Names(), ", "))
 	fs.StringVar(&cfg.sessionHeader, "session-header", proxy.DefaultSessionHeader, "request header carrying the session key")
 	fs.DurationVar(&cfg.fleet.ScrapeInterval, "scrape-interval", time.Second, "how often backends' /metrics are scraped")
@@ -58,7 +63,8 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.IntVar(&cfg.policyOpts.KVRoute.Replicas, "replicas", 1, "kvroute: router replicas sharing these backends behind a random split (each scales its load counts and places sessions by consistent hashing)")
 	fs.Uint64Var(&cfg.policyOpts.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug (one line per request with its decision), info, warn or error")
-	cfg.security.register(fs) // securityflags.go
+	cfg.security.register(fs)   // securityflags.go
+	registerHardening(fs, &cfg) // hardenflags.go
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute serve --backend URL [--backend URL ...] [flags]\n\n"+
 			"Serves the OpenAI API and routes every request to the backend where it is predicted to\n"+
@@ -71,20 +77,12 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
-	var set = map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if configPath != "" {
-		fc, err := fleet.LoadConfig(configPath)
-		if err != nil {
-			return cfg, err
-		}
-		cfg.backends = fc.Backends
-		if fc.ScrapeInterval > 0 && !set["scrape-interval"] {
-			cfg.fleet.ScrapeInterval = fc.ScrapeInterval
-		}
-		if fc.HealthInterval > 0 && !set["health-interval"] {
-			cfg.fleet.HealthInterval = fc.HealthInterval
-		}
+	backendsFile, err := applySettings(fs, configPath, os.LookupEnv) // settings.go: KVROUTE_* and the file
+	if err != nil {
+		return cfg, err
+	}
+	if backendsFile != nil {
+		cfg.backends = backendsFile
 	}
 	for _, spec := range specs {
 		b, err := fleet.ParseBackend(len(cfg.backends), spec)
@@ -107,6 +105,14 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 		return cfg, fmt.Errorf("--load-factor must be at least 1, got %v", cfg.policyOpts.KVRoute.LoadFactor)
 	case cfg.policyOpts.KVRoute.Replicas < 1:
 		return cfg, fmt.Errorf("--replicas must be at least 1, got %d", cfg.policyOpts.KVRoute.Replicas)
+	case cfg.resilience.MaxAttempts < 1:
+		return cfg, fmt.Errorf("--max-attempts must be at least 1, got %d", cfg.resilience.MaxAttempts)
+	case cfg.resilience.RetryBudget < 0 || cfg.resilience.RetryBudget > 1:
+		return cfg, fmt.Errorf("--retry-budget must be between 0 and 1, got %v", cfg.resilience.RetryBudget)
+	case cfg.resilience.FirstTokenFactor < 0 || cfg.fleet.Outlier.LatencyFactor < 0:
+		return cfg, errors.New("--first-token-factor and --eject-latency-factor must not be negative")
+	case cfg.connectTimeout <= 0 || cfg.overload.Admission.QueueTimeout < 0:
+		return cfg, errors.New("--connect-timeout must be positive and --queue-timeout not negative")
 	case cfg.policyOpts.KVRoute.BlockBytes < 16:
 		return cfg, fmt.Errorf("--block-bytes must be at least 16, got %d", cfg.policyOpts.KVRoute.BlockBytes)
 	}
@@ -134,27 +140,37 @@ func runServe(args []string, _, stderr io.Writer) int {
 	return 0
 }
 
-// serve runs the router until ctx ends. If ready is not nil it receives the
-// listening address once the router serves.
+// serve runs the router until ctx ends, then drains it. If ready is not nil
+// it receives the listening address once the router serves.
 func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- string) error {
-	cfg.fleet.Logger = log
-	cfg.security.fleetOptions(&cfg.fleet) // securityflags.go: TLS to the backends
-	fl := fleet.New(cfg.backends, cfg.fleet)
-	cfg.policyOpts.Metrics = fl.Metrics // for peers that read scraped load
-	policy, err := router.New(cfg.policy, cfg.backends, cfg.policyOpts)
+	sc := cfg.server
+	// On the command line 0 means none; in the Go configs it means the
+	// default.
+	for _, d := range []*time.Duration{&sc.DrainDelay, &sc.Grace, &sc.ReadHeaderTimeout, &sc.IdleTimeout,
+		&cfg.resilience.FirstTokenFloor, &cfg.resilience.StreamIdleTimeout, &cfg.resilience.ResponseTimeout, &cfg.resilience.BodyReadTimeout} {
+		if *d == 0 {
+			*d = -1
+		}
+	}
+	ej := &cfg.fleet.Outlier
+	for _, n := range []*int{&sc.MaxConns, &cfg.overload.MaxPerBackend, &cfg.overload.Admission.MaxInFlight, &cfg.overload.Admission.MaxQueue,
+		&ej.ConsecutiveGatewayErrors, &ej.Consecutive5xx, &ej.ConsecutiveTimeouts, &ej.ConsecutiveSlow, &ej.MaxEjectionPercent} {
+		if *n == 0 {
+			*n = -1
+		}
+	}
+	sc.Backends, sc.Fleet, sc.Policy, sc.Router, sc.Listen, sc.Logger = cfg.backends, cfg.fleet, cfg.policy, cfg.policyOpts, cfg.listen, log
+	cfg.security.fleetOptions(&sc.Fleet) // securityflags.go: TLS to the backends
+	t := proxy.NewTransport()
+	t.DialContext = (&net.Dialer{Timeout: cfg.connectTimeout, KeepAlive: 30 * time.Second}).DialContext
+	sc.Proxy = cfg.security.proxyConfig(proxy.Config{SessionHeader: cfg.sessionHeader, Logger: log, Transport: t,
+		Resilience: cfg.resilience, Overload: cfg.overload})
+	sc.TLS, sc.MetricsListen = cfg.security.serverTLS, cfg.security.metricsListen
+	s, err := server.Start(ctx, sc)
 	if err != nil {
 		return err
 	}
-	px, err := proxy.New(cfg.security.proxyConfig(proxy.Config{Fleet: fl, Router: policy, SessionHeader: cfg.sessionHeader, Logger: log}))
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", cfg.listen)
-	if err != nil {
-		return err
-	}
-	fl.Refresh(ctx)
-	for _, b := range fl.Backends() {
+	for _, b := range s.Fleet.Backends() {
 		info := b.Info()
 		if info == nil {
 			log.Warn("backend not reachable yet", "backend", b.Name, "url", b.URL.String())
@@ -162,30 +178,19 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 		}
 		log.Info("backend", "backend", b.Name, "url", b.URL.String(), "models", info.Models, "kv_tokens", info.KVTokens(), "healthy", b.Healthy())
 	}
-	srv := &http.Server{Handler: px, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 3)
-	ln, stopMetrics, err := cfg.security.listen(ln, px, log, errc) // securityflags.go: TLS, metrics listener
-	if err != nil {
-		return err
+	if s.MetricsURL != "" {
+		log.Info("metrics serving", "url", s.MetricsURL+"/metrics")
 	}
-	defer stopMetrics(context.Background())
-	go func() { errc <- fl.Run(ctx) }()
-	go func() { errc <- srv.Serve(ln) }()
-	log.Info("kvroute serving", "url", cfg.security.scheme()+"://"+ln.Addr().String(), "policy", cfg.policy, "backends", len(cfg.backends))
+	log.Info("kvroute serving", "url", s.URL, "policy", cfg.policy, "backends", len(cfg.backends))
 	if ready != nil {
-		ready <- ln.Addr().String()
+		ready <- strings.TrimPrefix(strings.TrimPrefix(s.URL, "http://"), "https://")
 	}
 	select {
 	case <-ctx.Done():
-	case err := <-errc:
-		if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, context.Canceled) {
-			return err
-		}
+		log.Info("shutting down", "signal", context.Cause(ctx))
+	case err := <-s.Err():
+		s.Close()
+		return err
 	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		srv.Close()
-	}
-	return nil
+	return s.Shutdown(context.Background())
 }

@@ -62,7 +62,7 @@ func TestParseServeFlags(t *testing.T) {
 // base URL.
 func startServe(t *testing.T, args ...string) string {
 	t.Helper()
-	cfg, err := parseServeFlags(append([]string{"--listen", "127.0.0.1:0", "--health-interval", "50ms", "--metrics-listen", ""}, args...), io.Discard)
+	cfg, err := parseServeFlags(append([]string{"--listen", "127.0.0.1:0", "--health-interval", "50ms", "--metrics-listen", "", "--drain-delay", "0"}, args...), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/balancer"
@@ -18,6 +19,7 @@ import (
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/server"
 )
 
 // FleetConfig describes a fleet behind a kvroute router (or a real
@@ -58,6 +60,8 @@ type Fleet struct {
 	watch *fleet.Fleet
 
 	cancel   context.CancelFunc
+	router   *server.Server // nil when a real balancer fronts the fleet
+	wg       sync.WaitGroup // the emulators' drivers and servers
 	servers  []*http.Server
 	balancer *balancer.Balancer // when a real balancer fronts the fleet
 }
@@ -102,25 +106,18 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		f.balancer, f.URL = b, b.URL
 		return f, nil
 	}
-	fl := fleet.New(backends, opts)
-	fl.Refresh(ctx)
-	if !fl.Ready() {
+	// The router as `kvroute serve` runs it, on a loopback port of its own.
+	rs, err := server.Start(ctx, server.Config{Backends: backends, Fleet: opts, Policy: cfg.Policy,
+		Router: router.Options{Seed: cfg.Seed}, Proxy: proxy.Config{Logger: logger},
+		Listen: "127.0.0.1:0", DrainDelay: -1, Logger: logger})
+	if err != nil {
+		return fail(err)
+	}
+	f.router = rs
+	if !rs.Fleet.Ready() {
 		return fail(errors.New("the backends did not come up"))
 	}
-	go fl.Run(ctx)
-	policy, err := router.New(cfg.Policy, backends, router.Options{Seed: cfg.Seed, Metrics: fl.Metrics})
-	if err != nil {
-		return fail(err)
-	}
-	px, err := proxy.New(proxy.Config{Fleet: fl, Router: policy, Logger: logger})
-	if err != nil {
-		return fail(err)
-	}
-	u, err := f.serve(px)
-	if err != nil {
-		return fail(err)
-	}
-	f.URL = u.String()
+	f.URL = rs.URL
 	return f, nil
 }
 
@@ -143,7 +140,7 @@ func (f *Fleet) emulate(ctx context.Context, cfg FleetConfig, logger *slog.Logge
 		if err != nil {
 			return nil, nil, err
 		}
-		go s.Run(ctx)
+		f.wg.Go(func() { s.Run(ctx) })
 		f.Servers = append(f.Servers, s)
 		f.Names = append(f.Names, fmt.Sprintf("gpu%d", i))
 		backends = append(backends, fleet.NewBackend(i, f.Names[i], u))
@@ -198,12 +195,16 @@ func (f *Fleet) serve(h http.Handler) (*url.URL, error) {
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	f.servers = append(f.servers, srv)
-	go srv.Serve(ln)
+	f.wg.Go(func() { srv.Serve(ln) })
 	return url.Parse("http://" + ln.Addr().String())
 }
 
-// Close stops the router (or balancer) and the backends.
+// Close stops the router (or balancer) and the backends, and waits for
+// every goroutine StartFleet started.
 func (f *Fleet) Close() {
+	if f.router != nil {
+		f.router.Close()
+	}
 	if f.balancer != nil {
 		f.balancer.Close()
 	}
@@ -211,6 +212,7 @@ func (f *Fleet) Close() {
 	for _, s := range f.servers {
 		s.Close()
 	}
+	f.wg.Wait()
 }
 
 // IsBalancer reports whether name is one of balancer.Kinds().

@@ -224,3 +224,6 @@ func uniqueNames(bs []*Backend) error {
 	}
 	return nil
 }
+
+// ParseConfig reads a configuration file's content, as LoadConfig does.
+func ParseConfig(data []byte) (Config, error) { return parseConfig(data) }

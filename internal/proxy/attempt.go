@@ -114,12 +114,15 @@ type failure struct {
 	err        error
 }
 
-// retriableStatus reports whether a backend's status means it did not take
-// the request and another may: overloaded (429), or a gateway in front of
-// it, or the server itself, unable to serve (502, 503, 504).
+// retriableStatus reports whether a backend's status means it did not
+// serve the request and another may: overloaded (429), failed inside (500:
+// a generation is safe to repeat before its first byte, and a request that
+// fails everywhere fails within MaxAttempts), or a gateway in front of it,
+// or the server itself, unable to serve (502, 503, 504).
 func retriableStatus(code int) bool {
 	switch code {
-	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	case http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true
 	}
 	return false

@@ -211,6 +211,13 @@ func New(cfg Config) (*Proxy, error) {
 	if p.metrics, err = newMetrics(reg, cfg.Fleet); err != nil {
 		return nil, err
 	}
+	// A fleet that reports on its backends (health, ejections) has its
+	// metrics served beside the proxy's.
+	if c, ok := cfg.Fleet.(interface{ Collector() prometheus.Collector }); ok {
+		if err := reg.Register(c.Collector()); err != nil {
+			return nil, fmt.Errorf("proxy: register the fleet's metrics: %w", err)
+		}
+	}
 	qc := p.over.Admission
 	if qc.Registerer == nil {
 		qc.Registerer = reg

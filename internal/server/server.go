@@ -1,0 +1,282 @@
+// Package server assembles a running kvroute: the fleet of backends with its
+// health and scrape loops, the routing policy behind a router, the proxy, and
+// the listeners; and it takes them down in order, draining first. `kvroute
+// serve`, the bench's fleet runner and the endpoint picker all start their
+// router here, and Close waits for everything Start started.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/router"
+)
+
+// Defaults of Config. Each is in docs/operations.md with its reason.
+const (
+	// DefaultReadHeaderTimeout bounds a request's headers: a client that
+	// opens a connection and says nothing is cut (Go's default is none).
+	DefaultReadHeaderTimeout = 10 * time.Second
+	// DefaultIdleTimeout closes a kept-alive connection idle this long
+	// (nginx's keepalive_timeout is 75 s).
+	DefaultIdleTimeout = 2 * time.Minute
+	// DefaultMaxConns caps the open client connections, so that a flood of
+	// idle or slow ones cannot exhaust file descriptors.
+	DefaultMaxConns = 10_000
+	// DefaultDrainDelay is how long /readyz answers 503 before the listener
+	// stops accepting: a load balancer probing every 5 s with a threshold
+	// of 1 notices within it.
+	DefaultDrainDelay = 5 * time.Second
+	// DefaultGrace is how long requests in flight get to finish once the
+	// listener is closed: long enough for most generations, short of the
+	// 60-90 s a Kubernetes pod is given before SIGKILL (with the delay).
+	DefaultGrace = 45 * time.Second
+)
+
+// Config describes a router to start. Backends and Policy are required.
+type Config struct {
+	// Backends are the fleet (their Index fields numbering them 0..n-1).
+	Backends []*fleet.Backend
+	// Fleet configures health checks, scrapes and outlier ejection.
+	Fleet fleet.Options
+	// Policy is the routing policy's name (router.Names); Router its
+	// options (Metrics is filled in from the fleet).
+	Policy string
+	Router router.Options
+	// Proxy configures the proxy; its Fleet and Router are filled in.
+	Proxy proxy.Config
+	// Listen is the API's address ("127.0.0.1:0" picks a free port).
+	Listen string
+	// TLS, when not nil, serves the API over HTTPS.
+	TLS *tls.Config
+	// MetricsListen, when not empty, serves /metrics (and /healthz) on a
+	// listener of its own; set Proxy.Security.MetricsElsewhere with it.
+	MetricsListen string
+	// ReadHeaderTimeout, IdleTimeout and MaxConns bound client connections
+	// (defaults above; negative: none).
+	ReadHeaderTimeout, IdleTimeout time.Duration
+	MaxConns                       int
+	// DrainDelay and Grace pace Shutdown (defaults above; negative: none).
+	DrainDelay, Grace time.Duration
+	// Logger receives the components' logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is a running router.
+type Server struct {
+	// Fleet, Router and Proxy are the running parts.
+	Fleet  *fleet.Fleet
+	Router *router.Router
+	Proxy  *proxy.Proxy
+	// URL is the API's base URL; MetricsURL the metrics listener's, if any.
+	URL, MetricsURL string
+
+	cfg     Config
+	log     *slog.Logger
+	api     *http.Server
+	metrics *http.Server
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	errc    chan error
+	once    sync.Once
+}
+
+// Start builds the fleet, the router and the proxy, checks every backend
+// once (so that the router is ready as soon as it can be), and starts
+// serving. The fleet's loops run until Shutdown or Close, or until ctx ends.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	cfg = withDefaults(cfg)
+	log := cfg.Logger
+	cfg.Fleet.Logger = log
+	fl := fleet.New(cfg.Backends, cfg.Fleet)
+	cfg.Router.Metrics = fl.Metrics // for policies that read scraped load
+	rt, err := router.New(cfg.Policy, cfg.Backends, cfg.Router)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Proxy.Fleet, cfg.Proxy.Router = fl, rt
+	if cfg.Proxy.Logger == nil {
+		cfg.Proxy.Logger = log
+	}
+	px, err := proxy.New(cfg.Proxy)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Fleet: fl, Router: rt, Proxy: px, cfg: cfg, log: log, errc: make(chan error, 3)}
+	scheme := "http"
+	if cfg.MaxConns > 0 {
+		ln = limitListener(ln, cfg.MaxConns)
+	}
+	if cfg.TLS != nil {
+		ln, scheme = tls.NewListener(ln, cfg.TLS), "https"
+	}
+	s.URL = scheme + "://" + ln.Addr().String()
+	var mln net.Listener
+	if cfg.MetricsListen != "" {
+		if mln, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("metrics listener: %w", err)
+		}
+		s.MetricsURL = "http://" + mln.Addr().String()
+	}
+
+	ctx, s.cancel = context.WithCancel(ctx)
+	fl.Refresh(ctx)
+	s.api = &http.Server{Handler: px, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		ReadHeaderTimeout: max(cfg.ReadHeaderTimeout, 0), IdleTimeout: max(cfg.IdleTimeout, 0)}
+	s.goRun(func() error { return fl.Run(ctx) })
+	s.goRun(func() error { return s.api.Serve(ln) })
+	if mln != nil {
+		s.metrics = &http.Server{Handler: px.MetricsHandler(), ReadHeaderTimeout: DefaultReadHeaderTimeout}
+		s.goRun(func() error { return s.metrics.Serve(mln) })
+	}
+	return s, nil
+}
+
+func withDefaults(cfg Config) Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&cfg.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	def(&cfg.IdleTimeout, DefaultIdleTimeout)
+	def(&cfg.DrainDelay, DefaultDrainDelay)
+	def(&cfg.Grace, DefaultGrace)
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg
+}
+
+// goRun runs fn in a goroutine Close waits for; an error other than a
+// closed server's goes to Err.
+func (s *Server) goRun(fn func() error) {
+	s.wg.Go(func() {
+		err := fn()
+		if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, context.Canceled) && !errors.Is(err, fleet.ErrRunning) {
+			select {
+			case s.errc <- err:
+			default:
+			}
+		}
+	})
+}
+
+// Err receives the first error a listener or the fleet's loop failed with.
+func (s *Server) Err() <-chan error { return s.errc }
+
+// Shutdown drains the router and stops it, in phases, each logged:
+//  1. /readyz answers 503 at once, and requests are still accepted for
+//     DrainDelay, so that the load balancer in front stops sending them;
+//  2. the listener closes and requests in flight get Grace to finish;
+//  3. what is left is ended: streams with an error event, others with 503;
+//  4. the fleet's loops stop.
+//
+// It returns when everything Start started has stopped, or ctx ends (then
+// connections are closed at once).
+func (s *Server) Shutdown(ctx context.Context) error {
+	var err error
+	s.once.Do(func() { err = s.shutdown(ctx) })
+	return err
+}
+
+func (s *Server) shutdown(ctx context.Context) error {
+	log := s.log
+	s.Proxy.Drain()
+	if d := s.cfg.DrainDelay; d > 0 {
+		log.Info("draining: /readyz answers 503, still accepting requests", "for", d)
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+	}
+	log.Info("draining: no longer accepting; waiting for requests in flight", "grace", max(s.cfg.Grace, 0))
+	graceCtx, cancel := context.WithTimeout(ctx, max(s.cfg.Grace, 0))
+	err := s.api.Shutdown(graceCtx)
+	cancel()
+	if err != nil {
+		log.Warn("draining: grace over; ending the requests still in flight")
+		s.Proxy.Stop()
+		// The handlers write their error events and return at once.
+		endCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := s.api.Shutdown(endCtx); err != nil {
+			s.api.Close()
+		}
+		cancel()
+	}
+	s.stopRest()
+	log.Info("stopped")
+	return nil
+}
+
+// Close stops everything at once: requests in flight are ended (streams
+// with an error event) and connections closed. It waits for everything
+// Start started.
+func (s *Server) Close() {
+	s.once.Do(func() {
+		s.Proxy.Stop()
+		s.api.Close()
+		s.stopRest()
+	})
+}
+
+// stopRest stops the metrics listener and the fleet's loops, and waits for
+// every goroutine Start started.
+func (s *Server) stopRest() {
+	if s.metrics != nil {
+		s.metrics.Close()
+	}
+	s.cancel()
+	s.wg.Wait()
+}
+
+// limitListener accepts at most n connections open at once; the others
+// wait in the kernel's backlog (and, past it, are refused), as nginx's
+// worker_connections.
+func limitListener(ln net.Listener, n int) net.Listener {
+	return &limited{Listener: ln, sem: make(chan struct{}, n)}
+}
+
+type limited struct {
+	net.Listener
+	sem chan struct{}
+}
+
+func (l *limited) Accept() (net.Conn, error) {
+	l.sem <- struct{}{}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	return &limitedConn{Conn: c, release: func() { <-l.sem }}, nil
+}
+
+type limitedConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
