@@ -33,10 +33,12 @@ const (
 	// DefaultMaxAttempts is how many backends one request may try before
 	// its first byte reaches the client.
 	DefaultMaxAttempts = 3
-	// DefaultRetryBudget and DefaultRetryBudgetMin bound the retries in
-	// flight to 20 % of the requests in flight, but at least 3: Envoy's
-	// retry budget, so that a sick fleet is not stampeded.
-	DefaultRetryBudget    = 0.2
+	// DefaultRetryBudget and DefaultRetryBudgetMin bound the retries pending
+	// to half the requests in flight, but at least 3: a fleet that lost one
+	// backend in three still places every request, while a fleet failing
+	// as a whole sees at most 1.5 times its load. (Envoy's budget is 20 %
+	// of active requests; a backend's death fails a third of them at once.)
+	DefaultRetryBudget    = 0.5
 	DefaultRetryBudgetMin = 3
 	// DefaultBodyReadTimeout bounds reading a request's body: 32 MiB at
 	// a slow client's 1 MB/s, and no slow-body connection held forever.
@@ -128,7 +130,10 @@ func retriableStatus(code int) bool {
 	return false
 }
 
-// retryBudget bounds the retries in flight (Envoy's retry budget).
+// retryBudget bounds the retries pending (Envoy's retry budget): a retry
+// counts from the failure that caused it until its own attempt answers
+// (its first byte reaches the client) or fails. Once answered, a retried
+// request loads its backend like any other.
 type retryBudget struct {
 	active, retrying atomic.Int64
 	ratio            float64
@@ -176,8 +181,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 		if n == 1 && p.missesDeadline(w, t, c.deadline) {
 			return
 		}
-		canRetry := n < p.res.MaxAttempts && len(cands) > 1 && p.budget.allows()
-		f, abort := p.attempt(w, r, c, t, canRetry)
+		more := n < p.res.MaxAttempts && len(cands) > 1
+		f, abort := p.attempt(w, r, c, t, more && p.budget.allows())
 		if abort {
 			// Headers are sent, the body is cut short: all that is left is to
 			// break the client's connection so it cannot take the truncated
@@ -189,11 +194,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 		}
 		last, lastTicket = f, t
 		cands = router.Without(cands, t.Backend)
-		if !canRetry || r.Context().Err() != nil || !p.budget.acquire() {
+		// A refused connection loads no backend: its retry is free.
+		free := f.kind == "dial"
+		if !more || r.Context().Err() != nil || (!free && !p.budget.acquire()) {
 			p.giveUp(w, t, f, n)
 			return
 		}
-		defer p.budget.retrying.Add(-1)
+		c.retrying = !free
 		p.metrics.retries.WithLabelValues(t.Backend.Name, f.kind).Inc()
 		p.log.Warn("backend failed before answering, retrying on another",
 			"backend", t.Backend.Name, "reason", f.kind, "status", f.status, "attempt", n, "err", f.err)
@@ -322,6 +329,7 @@ type heldWriter struct {
 	status int
 	header http.Header // copied into the response's headers when sent
 	sent   bool
+	onSend func() // called when the response is sent
 }
 
 func (h *heldWriter) send() {
@@ -329,6 +337,9 @@ func (h *heldWriter) send() {
 		return
 	}
 	h.sent = true
+	if h.onSend != nil {
+		h.onSend()
+	}
 	dst := h.ResponseWriter.Header()
 	for k, vv := range h.header {
 		dst[k] = vv

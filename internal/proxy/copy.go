@@ -52,6 +52,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	defer context.AfterFunc(p.stop, func() { cancel(errShutdown) })()
 	a.wd = newWatchdog(cancel)
 	defer a.wd.stop()
+	defer p.retried(c)
 	a.wd.arm(p.firstTokenDeadline(c, t), errFirstTokenTimeout)
 
 	res, err := p.transport.RoundTrip(p.upstream(upstreamRequest(ctx, r, b, c.body), b)) // security.go: credentials
@@ -92,7 +93,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 		return &failure{kind: "status", status: res.StatusCode, retryAfter: wait}, false
 	}
 	a.status = statusLabel(res.StatusCode)
-	hw := &heldWriter{ResponseWriter: w, status: res.StatusCode, header: res.Header}
+	hw := &heldWriter{ResponseWriter: w, status: res.StatusCode, header: res.Header, onSend: func() { p.retried(c) }}
 	removeHopHeaders(res.Header)
 	setRouteHeaders(w, &t.Decision)
 	stream := isEventStream(res.Header.Get("Content-Type"))
@@ -214,4 +215,13 @@ func (a *attempt) brokeOff(hw *heldWriter, cause, err error, stream, canRetry bo
 		_ = hw.FlushError()
 	}
 	return nil, false
+}
+
+// retried gives back c's retry to the budget, if it holds one: its attempt
+// has answered, or failed.
+func (p *Proxy) retried(c *call) {
+	if c.retrying {
+		c.retrying = false
+		p.budget.retrying.Add(-1)
+	}
 }

@@ -37,6 +37,9 @@ type call struct {
 	stream bool
 	// deadline is the time to first token the client grants; 0 for none.
 	deadline time.Duration
+	// retrying is set while the request holds a retry of the budget: from
+	// a failed attempt until the next one answers or fails.
+	retrying bool
 	// hideUsage is set when the proxy turned on stream_options.include_usage
 	// for a client that did not ask: its usage chunk is not forwarded.
 	hideUsage bool
