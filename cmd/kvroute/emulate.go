@@ -64,14 +64,7 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 	fs.Float64Var(&timeScale, "time-scale", 1, "wall seconds per model second: 1 is real time, 0.1 ten times faster")
 	fs.Uint64Var(&seed, "seed", 0, "seed of the generated outputs (equal seeds give equal replies)")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
-	fs.BoolVar(&faults.Hang, "fault-hang", false, "fault: chat and completion requests never answer, not even headers (/health stays 200)")
-	fs.BoolVar(&faults.HangAfterFirst, "fault-hang-after-first", false, "fault: responses send their first token, then stall forever with the connection open")
-	fs.Float64Var(&faults.Rate500, "fault-500-rate", 0, "fault: fraction of requests, 0 to 1, answered with a 500 server_error (drawn from --seed)")
-	fs.Float64Var(&faults.Rate429, "fault-429-rate", 0, "fault: fraction of requests, 0 to 1, answered with a 429 and a Retry-After header")
-	fs.IntVar(&faults.RetryAfter, "fault-retry-after", 1, "Retry-After of the injected 429s, in seconds")
-	fs.IntVar(&faults.DieAfterTokens, "fault-die-after-tokens", 0, "fault: cut every response after this many tokens, closing the connection without the final chunk (0: never)")
-	fs.Float64Var(&faults.Slow, "fault-slow", 1, "fault: every engine step takes this many times its modelled time (1: normal)")
-	fs.BoolVar(&faults.HealthFail, "fault-health-fail", false, "fault: GET /health answers 503")
+	registerFaultFlags(fs, &faults)
 	fs.StringVar(&apiKey, "api-key", "", "require the header Authorization: Bearer `KEY` on every /v1 request, as vLLM's --api-key (/health and /metrics stay open)")
 	fs.BoolVar(&admin, "admin", true, "serve GET and PUT /admin/faults (the faults as JSON) to loopback clients only")
 	fs.Usage = func() {
@@ -252,4 +245,16 @@ func emulate(ctx context.Context, cfg emulateConfig, log *slog.Logger, ready fun
 	stopDrivers()
 	drivers.Wait()
 	return err
+}
+
+// registerFaultFlags adds the flags of the faults an emulator injects.
+func registerFaultFlags(fs *flag.FlagSet, f *emulator.Faults) {
+	fs.BoolVar(&f.Hang, "fault-hang", false, "fault: chat and completion requests never answer, not even headers (/health stays 200)")
+	fs.BoolVar(&f.HangAfterFirst, "fault-hang-after-first", false, "fault: responses send their first token, then stall forever with the connection open")
+	fs.Float64Var(&f.Rate500, "fault-500-rate", 0, "fault: fraction of requests, 0 to 1, answered with a 500 server_error (drawn from --seed)")
+	fs.Float64Var(&f.Rate429, "fault-429-rate", 0, "fault: fraction of requests, 0 to 1, answered with a 429 and a Retry-After header")
+	fs.IntVar(&f.RetryAfter, "fault-retry-after", 1, "Retry-After of the injected 429s, in seconds")
+	fs.IntVar(&f.DieAfterTokens, "fault-die-after-tokens", 0, "fault: cut every response after this many tokens, closing the connection without the final chunk (0: never)")
+	fs.Float64Var(&f.Slow, "fault-slow", 1, "fault: every engine step takes this many times its modelled time (1: normal)")
+	fs.BoolVar(&f.HealthFail, "fault-health-fail", false, "fault: GET /health answers 503")
 }

@@ -152,7 +152,11 @@ func (e *Engine) Abort(now time.Duration, r *Request) {
 // Step runs one scheduler iteration starting at now: it schedules work
 // (running decodes first, then running prefills, then waiting requests in
 // FCFS order, within the token budget and max_num_seqs), computes the step's
-// duration and applies its results at the end of the step.
+// duration and applies its results at the end of the step. It is one
+// function of about a hundred lines because it is vLLM's scheduler loop,
+// read side by side with vllm/v1/core/sched/scheduler.py's schedule():
+// split, the order of its phases (which the replay digest pins) would be
+// harder to check against the original.
 func (e *Engine) Step(now time.Duration) StepResult {
 	e.Settle(now)
 	res := StepResult{Start: now, End: now}

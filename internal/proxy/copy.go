@@ -94,20 +94,8 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	}
 	a.status = statusLabel(res.StatusCode)
 	hw := &heldWriter{ResponseWriter: w, status: res.StatusCode, header: res.Header, onSend: func() { p.retried(c) }}
-	removeHopHeaders(res.Header)
 	setRouteHeaders(w, &t.Decision)
-	stream := isEventStream(res.Header.Get("Content-Type"))
-	if stream {
-		res.Header.Del("Content-Length") // events may be dropped or edited
-	}
-	announced := len(res.Trailer)
-	if announced > 0 {
-		keys := make([]string, 0, announced)
-		for k := range res.Trailer {
-			keys = append(keys, k)
-		}
-		res.Header.Add("Trailer", strings.Join(keys, ", "))
-	}
+	stream, announced := responseHeaders(res)
 	if res.StatusCode/100 != 2 || res.ContentLength == 0 {
 		hw.send() // an error or an empty body: nothing to wait for
 	}
@@ -135,22 +123,42 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	}
 	hw.send()
 	a.complete = true
-
-	// As httputil.ReverseProxy does: trailers announced in the header go
-	// out under their names, others with the TrailerPrefix.
-	h := w.Header()
-	if len(res.Trailer) > 0 {
-		if len(res.Trailer) == announced {
-			for k, vv := range res.Trailer {
-				h[k] = vv
-			}
-		} else {
-			for k, vv := range res.Trailer {
-				h[http.TrailerPrefix+k] = vv
-			}
-		}
-	}
+	copyTrailers(w.Header(), res.Trailer, announced)
 	return nil, false
+}
+
+// responseHeaders readies a backend's response headers for the client: hop
+// headers out, no length on a stream (events may be dropped or edited), its
+// trailers announced. It reports whether the response is an event stream,
+// and how many trailers were announced.
+func responseHeaders(res *http.Response) (stream bool, announced int) {
+	removeHopHeaders(res.Header)
+	stream = isEventStream(res.Header.Get("Content-Type"))
+	if stream {
+		res.Header.Del("Content-Length")
+	}
+	announced = len(res.Trailer)
+	if announced > 0 {
+		keys := make([]string, 0, announced)
+		for k := range res.Trailer {
+			keys = append(keys, k)
+		}
+		res.Header.Add("Trailer", strings.Join(keys, ", "))
+	}
+	return stream, announced
+}
+
+// copyTrailers sends a response's trailers as httputil.ReverseProxy does:
+// those announced in the header under their names, others (the backend
+// added them after its headers) with the TrailerPrefix.
+func copyTrailers(h, trailer http.Header, announced int) {
+	prefix := ""
+	if len(trailer) != announced {
+		prefix = http.TrailerPrefix
+	}
+	for k, vv := range trailer {
+		h[prefix+k] = vv
+	}
 }
 
 // brokeOff handles a response whose body failed (err) for cause (nil: the
