@@ -117,7 +117,7 @@ func BenchmarkParseChat(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
-				g, e := parseGeneration(router.EndpointChat, body, "")
+				g, e := parseGeneration(endpointChat, body, "")
 				if e != nil {
 					b.Fatal(e)
 				}

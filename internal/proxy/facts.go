@@ -19,10 +19,10 @@ type generation struct {
 	includeUsage bool
 }
 
-// parseGeneration reads the body of a chat (router.EndpointChat) or
-// completion (router.EndpointCompletion) request in one pass. session is the
+// parseGeneration reads the body of a chat (endpointChat) or
+// completion (endpointCompletion) request in one pass. session is the
 // session header's value, which takes precedence over the body's keys.
-func parseGeneration(ep router.Endpoint, body []byte, session string) (*generation, *apiError) {
+func parseGeneration(ep endpoint, body []byte, session string) (*generation, *apiError) {
 	obj, e := jsonObject(body)
 	if e != nil {
 		return nil, e
@@ -51,7 +51,7 @@ func parseGeneration(ep router.Endpoint, body []byte, session string) (*generati
 			opts = v
 		}
 	}
-	g := &generation{req: router.Request{Endpoint: ep}}
+	g := &generation{}
 	if g.req.Model, e = modelName(model); e != nil {
 		return nil, e
 	}
@@ -59,7 +59,7 @@ func parseGeneration(ep router.Endpoint, body []byte, session string) (*generati
 	// The rendered prompt is about as long as the body: size it once.
 	dst := make([]byte, 0, len(body))
 	switch ep {
-	case router.EndpointChat:
+	case endpointChat:
 		switch {
 		case messages == nil || isNull(messages):
 			return nil, badRequest("messages", "'messages' is a required property")

@@ -12,7 +12,7 @@ import (
 
 func chatPrompt(t *testing.T, body string) string {
 	t.Helper()
-	g, e := parseGeneration(router.EndpointChat, []byte(body), "")
+	g, e := parseGeneration(endpointChat, []byte(body), "")
 	if e != nil {
 		t.Fatalf("parse %s: %v", body, e)
 	}
@@ -136,7 +136,7 @@ func TestRenderCompletionPrompt(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g, e := parseGeneration(router.EndpointCompletion, []byte(`{"model":"m","prompt":`+tt.prompt+`}`), "")
+			g, e := parseGeneration(endpointCompletion, []byte(`{"model":"m","prompt":`+tt.prompt+`}`), "")
 			if e != nil {
 				t.Fatal(e)
 			}
@@ -208,11 +208,10 @@ func TestParseGenerationFacts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g, e := parseGeneration(router.EndpointChat, []byte(tt.body), tt.header)
+			g, e := parseGeneration(endpointChat, []byte(tt.body), tt.header)
 			if e != nil {
 				t.Fatal(e)
 			}
-			tt.want.req.Endpoint = router.EndpointChat
 			tt.want.req.Model = "m"
 			tt.want.req.Prompt = "user\nx\n"
 			if !reflect.DeepEqual(*g, tt.want) {
@@ -225,22 +224,22 @@ func TestParseGenerationFacts(t *testing.T) {
 func TestParseGenerationErrors(t *testing.T) {
 	tests := []struct {
 		name      string
-		ep        router.Endpoint
+		ep        endpoint
 		body      string
 		wantParam string
 	}{
-		{"empty", router.EndpointChat, ``, ""},
-		{"malformed", router.EndpointChat, `{"model":`, ""},
-		{"not an object", router.EndpointChat, `["model"]`, ""},
-		{"no model", router.EndpointChat, `{"messages":[{"role":"user","content":"x"}]}`, "model"},
-		{"model not a string", router.EndpointChat, `{"model":7,"messages":[]}`, "model"},
-		{"empty model", router.EndpointChat, `{"model":"","messages":[]}`, "model"},
-		{"no messages", router.EndpointChat, `{"model":"m"}`, "messages"},
-		{"messages not an array", router.EndpointChat, `{"model":"m","messages":"hi"}`, "messages"},
-		{"no message", router.EndpointChat, `{"model":"m","messages":[]}`, "messages"},
-		{"message not an object", router.EndpointChat, `{"model":"m","messages":["hi"]}`, "messages[0]"},
-		{"message without role", router.EndpointChat, `{"model":"m","messages":[{"content":"hi"}]}`, "messages[0].role"},
-		{"no prompt", router.EndpointCompletion, `{"model":"m"}`, "prompt"},
+		{"empty", endpointChat, ``, ""},
+		{"malformed", endpointChat, `{"model":`, ""},
+		{"not an object", endpointChat, `["model"]`, ""},
+		{"no model", endpointChat, `{"messages":[{"role":"user","content":"x"}]}`, "model"},
+		{"model not a string", endpointChat, `{"model":7,"messages":[]}`, "model"},
+		{"empty model", endpointChat, `{"model":"","messages":[]}`, "model"},
+		{"no messages", endpointChat, `{"model":"m"}`, "messages"},
+		{"messages not an array", endpointChat, `{"model":"m","messages":"hi"}`, "messages"},
+		{"no message", endpointChat, `{"model":"m","messages":[]}`, "messages"},
+		{"message not an object", endpointChat, `{"model":"m","messages":["hi"]}`, "messages[0]"},
+		{"message without role", endpointChat, `{"model":"m","messages":[{"content":"hi"}]}`, "messages[0].role"},
+		{"no prompt", endpointCompletion, `{"model":"m"}`, "prompt"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

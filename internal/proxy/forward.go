@@ -24,9 +24,21 @@ const reasonLeastRequest = "least-request"
 // before the response was complete (nginx's 499).
 const statusClientClosed = "499"
 
+// endpoint is the kind of API call being served.
+type endpoint uint8
+
+// The endpoints. Generation endpoints are routed by the policy, by cache and
+// load; embeddings by load only; others to any backend serving the model.
+const (
+	endpointChat endpoint = iota
+	endpointCompletion
+	endpointEmbedding
+	endpointOther
+)
+
 // call is one client request on its way to a backend.
 type call struct {
-	ep router.Endpoint
+	ep endpoint
 	// req is the request's facts; nil for the endpoints the policy does not
 	// route (embeddings and others), which are neither timed as
 	// generations nor reported to the policy.
@@ -50,7 +62,7 @@ type call struct {
 // counted there until its ticket is finished.
 func (p *Proxy) route(c *call, cands []*fleet.Backend) (*router.Ticket, *apiError) {
 	if c.req == nil {
-		t, err := p.byLoad.Route(&router.Request{Endpoint: c.ep}, cands)
+		t, err := p.byLoad.Route(&router.Request{}, cands)
 		if err != nil {
 			return nil, unavailable("no backend can take the request: %v", err)
 		}

@@ -6,8 +6,6 @@ import (
 	"io"
 	"net/http/httptest"
 	"testing"
-
-	"github.com/kvroute/kvroute/internal/router"
 )
 
 // The fuzz targets' seed corpora are under testdata/fuzz/<target>/; CI runs
@@ -21,9 +19,9 @@ func FuzzParseGeneration(f *testing.F) {
 	f.Add([]byte(chatBody), true, "")
 	f.Add([]byte(`{"model":"m","prompt":["a","b"],"max_tokens":3,"stream":true}`), false, "s")
 	f.Fuzz(func(t *testing.T, body []byte, chat bool, session string) {
-		ep := router.EndpointCompletion
+		ep := endpointCompletion
 		if chat {
-			ep = router.EndpointChat
+			ep = endpointChat
 		}
 		g, e := parseGeneration(ep, body, session)
 		if e != nil {

@@ -271,15 +271,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch path {
 	case "/v1/chat/completions":
 		if p.allow(w, r, http.MethodPost) {
-			p.serveGeneration(w, r, router.EndpointChat)
+			p.serveGeneration(w, r, endpointChat)
 		}
 	case "/v1/completions":
 		if p.allow(w, r, http.MethodPost) {
-			p.serveGeneration(w, r, router.EndpointCompletion)
+			p.serveGeneration(w, r, endpointCompletion)
 		}
 	case "/v1/embeddings":
 		if p.allow(w, r, http.MethodPost) {
-			p.serveByLoad(w, r, router.EndpointEmbedding)
+			p.serveByLoad(w, r, endpointEmbedding)
 		}
 	case "/v1/models":
 		if p.allow(w, r, http.MethodGet, http.MethodHead) {
@@ -305,7 +305,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	default:
 		if strings.HasPrefix(path, "/v1/") {
-			p.serveByLoad(w, r, router.EndpointOther)
+			p.serveByLoad(w, r, endpointOther)
 		} else {
 			p.reject(w, notFound(r))
 		}
@@ -441,7 +441,7 @@ func (p *Proxy) candidates(w http.ResponseWriter, model string) ([]*fleet.Backen
 
 // serveGeneration serves a chat or completion request: parse, route by the
 // policy, forward.
-func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep router.Endpoint) {
+func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	body, e := p.readBody(w, r)
 	if e != nil {
 		p.reject(w, e)
@@ -484,14 +484,14 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep route
 // serveByLoad serves embeddings and the other /v1 endpoints: routed to the
 // least loaded healthy backend that serves the body's model. Embeddings must
 // name a model; other endpoints fall back to any healthy backend.
-func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep router.Endpoint) {
+func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	body, e := p.readBody(w, r)
 	if e != nil {
 		p.reject(w, e)
 		return
 	}
 	var cands []*fleet.Backend
-	if ep == router.EndpointEmbedding {
+	if ep == endpointEmbedding {
 		obj, e := jsonObject(body)
 		if e != nil {
 			p.reject(w, e)

@@ -160,7 +160,7 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 		s.keyRequests.WithLabelValues(c.Name, outcomeAdmitted).Inc()
 	}
 	if forwardHere {
-		p.serveByLoad(w, r, router.EndpointOther)
+		p.serveByLoad(w, r, endpointOther)
 		return r, false
 	}
 	return r, true

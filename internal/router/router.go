@@ -17,23 +17,9 @@ import (
 // ErrNoBackend means no backend can take the request; the proxy answers 503.
 var ErrNoBackend = errors.New("no backend available")
 
-// Endpoint is the kind of API call being routed.
-type Endpoint uint8
-
-// The endpoints. Generation endpoints are routed by cache and load;
-// embeddings by load only; others to any backend serving the model.
-const (
-	EndpointChat Endpoint = iota
-	EndpointCompletion
-	EndpointEmbedding
-	EndpointOther
-)
-
 // Request is what the router knows about one request: the facts the proxy
 // extracted from it.
 type Request struct {
-	// Endpoint is the API being called.
-	Endpoint Endpoint
 	// Model is the requested model id.
 	Model string
 	// SessionKey groups the turns of one conversation (X-Session-ID, else

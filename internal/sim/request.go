@@ -140,7 +140,7 @@ func (s *simulation) send(i int) {
 		s.tokBuf = append(s.tokBuf, ids...)
 		f.hashes = engine.HashTokens(f.hashes[:0], s.tokBuf, bs)
 		f.req.PromptLen, f.req.MaxTokens = promptLen, turn.MaxTokens
-		f.rreq = router.Request{Endpoint: router.EndpointChat, Model: s.cfg.Profile.Model,
+		f.rreq = router.Request{Model: s.cfg.Profile.Model,
 			SessionKey: ws.ID, Prompt: string(ss.conv.text), MaxTokens: turn.MaxTokens}
 	} else {
 		f.hashes = tokenHashes(f.hashes[:0], turn, ref.tile, bs)
@@ -149,7 +149,7 @@ func (s *simulation) send(i int) {
 		if s.cfg.Tile > 1 {
 			key = fmt.Sprintf("%s/%d", ws.ID, ref.tile)
 		}
-		f.rreq = router.Request{Endpoint: router.EndpointChat, Model: s.cfg.Profile.Model,
+		f.rreq = router.Request{Model: s.cfg.Profile.Model,
 			SessionKey: key, MaxTokens: turn.MaxTokens, PromptTokens: turn.Tokens,
 			TokenBlocks: f.hashes[:min(len(f.hashes), turn.Tokens/bs)], TokenBlockSize: bs}
 	}
