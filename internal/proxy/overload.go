@@ -146,6 +146,7 @@ func (p *Proxy) missesDeadline(w http.ResponseWriter, t *router.Ticket, deadline
 	e.Message = "the request's deadline of " + deadline.String() + " cannot be met: the best backend's predicted time to first token is " +
 		t.PredictedTTFT.Round(time.Millisecond).String()
 	p.metrics.deadline.Inc()
+	w.Header().Set("Retry-After", strconv.Itoa(rej.RetryAfterSeconds()))
 	p.reject(w, e)
 	return true
 }
