@@ -37,6 +37,7 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 		opts        workload.Options
 		kvBlocks    int
 		backendURLs string
+		faults      string
 	)
 	fs.StringVar(&spec, "workload", "chat", "workload: "+strings.Join(workload.Specs(), ", "))
 	fs.IntVar(&bf.cfg.Backends, "backends", 8, "emulated backends")
@@ -51,6 +52,7 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile of the backends: "+strings.Join(engine.ProfileNames(), ", "))
 	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV blocks per backend (default: the profile's)")
 	fs.DurationVar(&bf.cfg.Goodput, "goodput", 0, "also search each policy's highest rate with p99 TTFT under this SLO (e.g. 2s); runs the workload several times")
+	fs.StringVar(&faults, "faults", "", "fault schedule played against the emulated backends in every run, the same for each policy: a built-in ("+strings.Join(bench.FaultNames(), ", ")+") or a YAML/JSON file of {at, until, backend, fault} windows (docs/BENCHMARKS.md, Faults)")
 	fs.StringVar(&bf.out, "out", "", "directory for results.json and report.html (default out/bench-WORKLOAD)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute bench [flags]\n\n"+
@@ -92,6 +94,22 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 		}
 		bf.cfg.Backends, bf.cfg.TimeScale = len(bf.cfg.BackendURLs), 1
 	}
+	if faults != "" {
+		switch {
+		case len(bf.cfg.BackendURLs) > 0:
+			return bf, errors.New("--faults injects faults into emulated backends; it cannot go with --backend-url")
+		case bf.cfg.Users > 0:
+			return bf, errors.New("--faults places its windows along the arrivals: it needs open-loop arrivals, not --users")
+		}
+		sched, err := bench.LoadFaults(faults)
+		if err != nil {
+			return bf, err
+		}
+		if err := sched.Validate(bf.cfg.Backends); err != nil {
+			return bf, err
+		}
+		bf.cfg.Faults = sched
+	}
 	p, err := lookupProfile(profileName, kvBlocks)
 	if err != nil {
 		return bf, err
@@ -125,8 +143,15 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "kvroute bench: %s\n%d real servers (%s), real time; policies %s\n\n",
 			cfg.Workload.Description, len(cfg.BackendURLs), strings.Join(cfg.BackendURLs, ", "), strings.Join(cfg.Policies, ", "))
 	} else {
-		fmt.Fprintf(stdout, "kvroute bench: %s\n%d × %s, time scale %g; policies %s\n\n",
+		fmt.Fprintf(stdout, "kvroute bench: %s\n%d × %s, time scale %g; policies %s\n",
 			cfg.Workload.Description, cfg.Backends, cfg.Profile.Name, cfg.TimeScale, strings.Join(cfg.Policies, ", "))
+		if cfg.Faults != nil {
+			fmt.Fprintf(stdout, "faults %s:\n", cfg.Faults.Name)
+			for _, w := range cfg.Faults.Windows {
+				fmt.Fprintf(stdout, "  %3.0f %% to %3.0f %% of the arrivals: backend %d %s\n", 100*w.At, 100*w.Until, w.Backend, w.Fault)
+			}
+		}
+		fmt.Fprintln(stdout)
 	}
 	started := time.Now()
 	rep, err := bench.RunBench(ctx, cfg)

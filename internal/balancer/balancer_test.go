@@ -458,20 +458,27 @@ func TestBalancerConfig(t *testing.T) {
 		"nginx": {
 			"daemon off;", "master_process on;", "worker_processes 1;", "worker_connections 4096;",
 			"access_log off;", "gzip off;", "client_max_body_size 64m;",
-			"proxy_buffering off;", "proxy_request_buffering off;", "proxy_http_version 1.1;",
+			"proxy_buffering off;", "proxy_request_buffering on;", "client_body_buffer_size 1m;", "proxy_http_version 1.1;",
 			`proxy_set_header Connection "";`, "keepalive 256;",
-			"proxy_read_timeout 3600s;", "proxy_send_timeout 3600s;", "proxy_cache off;",
+			"proxy_read_timeout 60s;", "proxy_send_timeout 60s;", "proxy_cache off;",
+			"proxy_next_upstream error timeout http_502 http_503 http_504 http_429 non_idempotent;",
+			"proxy_next_upstream_tries 3;", "proxy_connect_timeout 3s;",
 			"client_body_temp_path \"/tmp/kv/client_body\";", "proxy_temp_path \"/tmp/kv/proxy\";",
 			"pid \"/tmp/kv/nginx.pid\";", "error_log stderr",
-			"server 127.0.0.1:8001;", "server 127.0.0.1:8002;", "listen 127.0.0.1:9000;", "location = /ready",
+			"server 127.0.0.1:8001 max_fails=3 fail_timeout=10s;", "server 127.0.0.1:8002 max_fails=3 fail_timeout=10s;",
+			"listen 127.0.0.1:9000;", "location = /ready",
 		},
 		"haproxy": {
-			"mode http", "option http-keep-alive", "timeout connect 5s", "timeout client 3600s", "timeout server 3600s",
+			"mode http", "option http-keep-alive", "timeout connect 3s", "timeout client 3600s", "timeout server 60s",
 			"maxconn 8192", "bind 127.0.0.1:9000", "monitor-uri /ready",
-			"server b0 127.0.0.1:8001", "server b1 127.0.0.1:8002",
+			"option http-buffer-request", "retries 3", "option redispatch 1", "retry-on all-retryable-errors",
+			"tune.bufsize 1048576", "option httpchk GET /health",
+			"server b0 127.0.0.1:8001 check inter 2s fall 3 rise 2 observe layer7 error-limit 3 on-error mark-down",
+			"server b1 127.0.0.1:8002 check",
 		},
 	}
-	forbidden := []string{"http-buffer-request", "compression", "proxy_cache_path", "gzip on", "cache-use"}
+	// Retries need the request buffered, but responses must stream.
+	forbidden := []string{"compression", "proxy_cache_path", "gzip on", "cache-use", "proxy_buffering on"}
 	tests := []struct {
 		kind    string
 		want    []string

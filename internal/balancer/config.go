@@ -55,8 +55,10 @@ type balancerConfig struct {
 	Servers []string
 }
 
-// nginx.conf.tmpl streams both ways unbuffered over HTTP/1.1 keep-alive
-// upstream connections, like kvroute's proxy. One worker process: without
+// nginx.conf.tmpl streams responses unbuffered over HTTP/1.1 keep-alive
+// upstream connections, like kvroute's proxy, and reads each request whole
+// first so that it can retry it on another server: the operators' best
+// retry and passive-health settings (proxy_next_upstream, max_fails) are on. One worker process: without
 // a shared-memory zone every worker keeps its own round-robin position and
 // connection counts, which would blur least_conn, and one event loop easily
 // carries the bench's connections on a machine that also runs the fleet.
@@ -70,9 +72,11 @@ var nginxText string
 // in the temp dir.
 var nginxConfig = template.Must(template.New("nginx").Funcs(template.FuncMap{"path": nginxPath}).Parse(nginxText))
 
-// haproxy.cfg.tmpl keeps connections alive on both sides and streams: HAProxy
-// forwards data as it arrives unless told to buffer (option
-// http-buffer-request) or compress, and neither is set. One thread, like
+// haproxy.cfg.tmpl keeps connections alive on both sides and streams
+// responses: HAProxy forwards data as it arrives unless told to compress.
+// Requests are buffered (option http-buffer-request), which L7 retries need:
+// the operators' best retry and passive-health settings (retry-on, redispatch,
+// observe layer7 with on-error mark-down) are on. One thread, like
 // nginx's one worker; no server limit, so nothing queues in HAProxy.
 //
 //go:embed haproxy.cfg.tmpl

@@ -37,8 +37,10 @@ var balancerKinds = []balancerKind{
 //   - "haproxy-hdr": HAProxy's `balance hdr(X-Session-ID)` with `hash-type
 //     consistent`; requests without the header fall back to round robin.
 //
-// None has active health checks or bounded load: these are the settings
-// users run. The slice is fresh on every call.
+// All retry failed requests before the first byte and take failing servers
+// out passively, with their operators' best settings (nginx
+// proxy_next_upstream and max_fails; HAProxy retry-on, redispatch and
+// observe layer7, which needs its /health check); none has bounded load. The slice is fresh on every call.
 func Kinds() []string {
 	names := make([]string, len(balancerKinds))
 	for i, k := range balancerKinds {

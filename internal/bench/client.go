@@ -50,6 +50,11 @@ type Client struct {
 	// makes sure no run reuses the cache an earlier one left behind, while
 	// prompts shared within the run stay shared.
 	Tag string
+	// Timeout, when positive, bounds each request in wall time, from
+	// sending it to the end of its stream; one that runs out counts as lost
+	// or cut like any other failure. A fault run sets it so that a request
+	// nobody ever answers cannot keep the run from ending.
+	Timeout time.Duration
 	// IgnoreEOS asks the server to generate exactly max_tokens (vLLM's and
 	// llama.cpp's ignore_eos), so that output lengths are the workload's even
 	// when a model would stop early.
@@ -60,6 +65,19 @@ type Client struct {
 func fail(r *results.Result, err error) {
 	r.Err = err
 	r.Error = err.Error()
+}
+
+// lose records err as a failure before any stream began: no usable answer.
+func lose(r *results.Result, err error) {
+	fail(r, err)
+	r.Lost = true
+}
+
+// cut records err as the end of a stream that began; event says whether
+// the server said so with an error event.
+func cut(r *results.Result, err error, event bool) {
+	fail(r, err)
+	r.CutWithEvent, r.CutSilent = event, !event
 }
 
 func (c *Client) scale() float64 {
@@ -248,12 +266,17 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 	body, err := json.Marshal(fields)
 	var res results.Result
 	if err != nil {
-		fail(&res, err)
+		lose(&res, err)
 		return res, ""
+	}
+	if c.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.Timeout)
+		defer cancel()
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.BaseURL, "/")+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
-		fail(&res, err)
+		lose(&res, err)
 		return res, ""
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -262,7 +285,7 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 	res.Sent = c.model(sent.Sub(start))
 	resp, err := c.http().Do(req)
 	if err != nil {
-		fail(&res, err)
+		lose(&res, err)
 		return res, ""
 	}
 	defer resp.Body.Close()
@@ -271,7 +294,7 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 	res.Route = resp.Header.Get("X-Kvroute-Route")
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		fail(&res, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg)))
+		lose(&res, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg)))
 		return res, ""
 	}
 	var reply strings.Builder
@@ -290,11 +313,11 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 		}
 		var chunk streamChunk
 		if err := json.Unmarshal(data, &chunk); err != nil {
-			fail(&res, fmt.Errorf("bad event %q: %w", data, err))
+			cut(&res, fmt.Errorf("bad event %q: %w", data, err), false)
 			return res, ""
 		}
 		if len(chunk.Error) > 0 && string(chunk.Error) != "null" {
-			fail(&res, fmt.Errorf("error in the stream: %s", chunk.Error))
+			cut(&res, fmt.Errorf("error in the stream: %s", chunk.Error), true)
 			return res, ""
 		}
 		for _, ch := range chunk.Choices {
@@ -329,9 +352,9 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 		res.ITL = (res.E2E - res.TTFT) / time.Duration(chunks-1)
 	}
 	if err := sc.Err(); err != nil {
-		fail(&res, err)
+		cut(&res, err, false)
 	} else if !sawDone {
-		fail(&res, errors.New("stream ended without [DONE]"))
+		cut(&res, errors.New("stream ended without [DONE]"), false)
 	}
 	return res, reply.String()
 }

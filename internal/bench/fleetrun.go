@@ -53,17 +53,38 @@ type Fleet struct {
 	// Model is the model the backends serve.
 	Model string
 	// Servers are the emulated backends (none for real ones); Names the
-	// backends' names.
+	// backends' names. Restart replaces a server: read Servers through
+	// Server when a fault schedule may be running.
 	Servers []*emulator.Server
 	Names   []string
 	// watch scrapes real backends for the load samples.
 	watch *fleet.Fleet
 
+	ctx      context.Context // the fleet's; the emulators run until it is done
 	cancel   context.CancelFunc
 	router   *server.Server // nil when a real balancer fronts the fleet
 	wg       sync.WaitGroup // the emulators' drivers and servers
+	emuCfg   emulator.Config
 	servers  []*http.Server
 	balancer *balancer.Balancer // when a real balancer fronts the fleet
+
+	// mu guards Servers and everything below, which Kill and Restart change
+	// while the load sampler reads.
+	mu sync.Mutex
+	// emu holds, per emulated backend, its HTTP server, its address (a
+	// restart listens on the same one, so that the router and the balancers
+	// find it again) and what stops its driver.
+	emu []emuBackend
+	// retired sums, per backend, the counters of the servers Restart
+	// replaced, so that the run's totals span the restart.
+	retired []backendStats
+}
+
+// emuBackend is one emulated backend's process stand-in.
+type emuBackend struct {
+	srv    *http.Server // nil while killed
+	addr   string
+	cancel context.CancelFunc // stops the emulator's driver
 }
 
 // StartFleet starts cfg.Backends emulators and a router in front of them,
@@ -75,7 +96,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	f := &Fleet{cancel: cancel}
+	f := &Fleet{ctx: ctx, cancel: cancel}
 	fail := func(err error) (*Fleet, error) {
 		f.Close()
 		return nil, err
@@ -130,18 +151,25 @@ func (f *Fleet) emulate(ctx context.Context, cfg FleetConfig, logger *slog.Logge
 		backends []*fleet.Backend
 		urls     []string
 	)
+	f.emuCfg = emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger}
 	for i := range cfg.Backends {
-		s, err := emulator.New(emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger})
+		s, err := emulator.New(f.emuCfg)
 		if err != nil {
 			return nil, nil, err
 		}
 		f.Model = s.Model()
-		u, err := f.serve(s)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, nil, err
 		}
-		f.wg.Go(func() { s.Run(ctx) })
+		f.emu = append(f.emu, emuBackend{addr: ln.Addr().String()})
+		f.retired = append(f.retired, backendStats{})
 		f.Servers = append(f.Servers, s)
+		f.start(i, s, ln)
+		u, err := url.Parse("http://" + f.emu[i].addr)
+		if err != nil {
+			return nil, nil, err
+		}
 		f.Names = append(f.Names, fmt.Sprintf("gpu%d", i))
 		backends = append(backends, fleet.NewBackend(i, f.Names[i], u))
 		urls = append(urls, u.String())
@@ -187,6 +215,82 @@ func (f *Fleet) attach(ctx context.Context, rawURLs []string, logger *slog.Logge
 	return backends, urls, nil
 }
 
+// start runs emulator s as backend i, serving on ln. f.mu is held or
+// nothing else runs yet.
+func (f *Fleet) start(i int, s *emulator.Server, ln net.Listener) {
+	ctx, cancel := context.WithCancel(f.ctx)
+	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	f.emu[i].srv, f.emu[i].cancel = srv, cancel
+	f.wg.Go(func() { s.Run(ctx) })
+	f.wg.Go(func() { srv.Serve(ln) })
+}
+
+// Server returns emulated backend i as it is now (Restart replaces it).
+func (f *Fleet) Server(i int) *emulator.Server {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.Servers[i]
+}
+
+// Kill stops emulated backend i as SIGKILL would stop a server process: its
+// listener closes, its connections drop mid-response (http.Server.Close, not
+// Shutdown, which would let them finish) and its engine stops. Killing a
+// killed backend does nothing.
+func (f *Fleet) Kill(i int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if i < 0 || i >= len(f.emu) {
+		return fmt.Errorf("no emulated backend %d (the fleet has %d)", i, len(f.emu))
+	}
+	b := &f.emu[i]
+	if b.srv == nil {
+		return nil
+	}
+	err := b.srv.Close()
+	b.cancel()
+	b.srv, b.cancel = nil, nil
+	return err
+}
+
+// Restart starts a fresh emulator, with an empty cache as a restarted
+// server has, on killed backend i's address. Restarting a running backend
+// does nothing.
+func (f *Fleet) Restart(i int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if i < 0 || i >= len(f.emu) {
+		return fmt.Errorf("no emulated backend %d (the fleet has %d)", i, len(f.emu))
+	}
+	b := &f.emu[i]
+	if b.srv != nil {
+		return nil
+	}
+	s, err := emulator.New(f.emuCfg)
+	if err != nil {
+		return err
+	}
+	// Listeners set SO_REUSEADDR, so the old connections in TIME_WAIT do
+	// not hold the port; a bind can still race with another process.
+	var ln net.Listener
+	for try := 0; ; try++ {
+		if ln, err = net.Listen("tcp", b.addr); err == nil || try == 50 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("restart backend %d on %s: %w", i, b.addr, err)
+	}
+	old := f.Servers[i].Stats()
+	r := &f.retired[i]
+	r.busy += old.BusyTime
+	r.prompt += old.PrefixQueries
+	r.cached += old.PrefixHits
+	f.Servers[i] = s
+	f.start(i, s, ln)
+	return nil
+}
+
 // serve starts h on a fresh loopback port.
 func (f *Fleet) serve(h http.Handler) (*url.URL, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -212,6 +316,13 @@ func (f *Fleet) Close() {
 	for _, s := range f.servers {
 		s.Close()
 	}
+	f.mu.Lock()
+	for _, b := range f.emu {
+		if b.srv != nil {
+			b.srv.Close()
+		}
+	}
+	f.mu.Unlock()
 	f.wg.Wait()
 }
 

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -45,6 +46,10 @@ type Config struct {
 	// Sample is the interval of the per-backend load samples, in model
 	// time (default 1 s).
 	Sample time.Duration
+	// Faults, when set, is played against the emulated backends during
+	// every run, the same for each policy. It needs open-loop arrivals and
+	// the backends it names.
+	Faults *FaultSchedule
 	// Progress receives progress bars; nil shows none.
 	Progress io.Writer
 	// Logger receives the components' logs; nil discards them.
@@ -61,6 +66,17 @@ func RunBench(ctx context.Context, cfg Config) (*results.Report, error) {
 		cfg.Sample = time.Second
 	}
 	real := len(cfg.BackendURLs) > 0
+	if cfg.Faults != nil {
+		switch {
+		case real:
+			return nil, errors.New("--faults injects faults into emulated backends; it cannot go with --backend-url")
+		case cfg.Users > 0:
+			return nil, errors.New("--faults places its windows along the arrivals: it needs open-loop arrivals, not --users")
+		}
+		if err := cfg.Faults.Validate(cfg.Backends); err != nil {
+			return nil, err
+		}
+	}
 	if real {
 		cfg.Backends, cfg.TimeScale = len(cfg.BackendURLs), 1
 		cfg.Profile = engine.Profile{Name: "real servers"}
@@ -135,7 +151,24 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 	if recordBlocks {
 		c.BlockTokens = blockTokens
 	}
+	var span time.Duration
+	stopFaults := func() {}
+	if cfg.Faults != nil {
+		if span, err = faultSpan(sessions); err != nil {
+			return nil, err
+		}
+		c.Timeout = faultClientTimeout
+		logger := cfg.Logger
+		if logger == nil {
+			logger = slog.New(slog.DiscardHandler)
+		}
+		stopFaults = driveFaults(ctx, f, cfg.Faults, span, cfg.TimeScale, logger)
+	}
 	reqs := c.Run(ctx, sessions, done)
+	stopFaults()
+	if cfg.Faults != nil {
+		markFaults(cfg.Faults, span, reqs)
+	}
 	series := sampler.stop()
 	run := &results.Run{Policy: policy, Requests: reqs, Backends: series}
 	run.Summary = results.Summarize(policy, reqs)
@@ -179,10 +212,19 @@ type backendStats struct {
 func (f *Fleet) stats(ctx context.Context, prev []backendStats) []backendStats {
 	out := make([]backendStats, len(f.Names))
 	if f.watch == nil {
+		f.mu.Lock()
+		defer f.mu.Unlock()
 		for i, srv := range f.Servers {
 			st := srv.Stats()
+			// A restarted backend's counters start again from zero: add
+			// those of the servers it replaced.
+			r := f.retired[i]
 			out[i] = backendStats{running: st.Running, waiting: st.Waiting, kvUsage: st.KVUsage,
-				busy: st.BusyTime, prompt: st.PrefixQueries, cached: st.PrefixHits}
+				busy: r.busy + st.BusyTime, prompt: r.prompt + st.PrefixQueries, cached: r.cached + st.PrefixHits}
+			if f.emu[i].srv == nil {
+				// Killed: a dead server runs nothing and holds no cache.
+				out[i].running, out[i].waiting, out[i].kvUsage = 0, 0, 0
+			}
 		}
 		return out
 	}

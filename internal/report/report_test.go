@@ -181,6 +181,25 @@ func TestReportHTML(t *testing.T) {
 	}
 }
 
+// A fault run (bench --faults) adds its columns to the summary table.
+func TestReportHTMLFaults(t *testing.T) {
+	r := sampleReport()
+	if page := render(t, r); strings.Contains(page, "in faults") {
+		t.Error("fault columns without faults")
+	}
+	for i := range r.Runs {
+		s := &r.Runs[i].Summary
+		s.FaultRequests, s.Lost, s.CutWithEvent, s.CutSilent, s.FaultTTFTP99 = 10, i, 2*i, 3*i, time.Duration(i+1)*time.Second
+	}
+	page := render(t, r)
+	checkPage(t, page)
+	for _, want := range []string{"requests lost", "cut, error event", "cut, silent", "TTFT p99 in faults"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+}
+
 func TestReportHTMLDownsamples(t *testing.T) {
 	page := render(t, sampleReport())
 	for _, m := range regexp.MustCompile(`points="([^"]*)"`).FindAllStringSubmatch(page, -1) {

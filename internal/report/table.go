@@ -77,6 +77,22 @@ func summaryTable(r *results.Report, styles []policyStyle) ([]column, []tableRow
 			return v, v > 0
 		}, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
 	}
+	if slices.ContainsFunc(r.Runs, func(run results.Run) bool { return run.Summary.FaultRequests > 0 }) {
+		// A fault run (bench --faults): how the errors failed, and TTFT
+		// while the faults were in force.
+		// Grouped columns show no unit: the names say it all.
+		count := func(name string, n func(results.Summary) int) tableColumn {
+			return tableColumn{column{"faults", name, ""}, -1, func(run results.Run) (float64, bool) { return float64(n(run.Summary)), true }, intFmt}
+		}
+		cols = append(cols,
+			count("requests lost", func(s results.Summary) int { return s.Lost }),
+			count("cut, error event", func(s results.Summary) int { return s.CutWithEvent }),
+			count("cut, silent", func(s results.Summary) int { return s.CutSilent }),
+			tableColumn{column{"faults", "TTFT p99 in faults", ""}, -1, func(run results.Run) (float64, bool) {
+				return float64(run.Summary.FaultTTFTP99), run.Summary.FaultTTFTP99 > 0
+			}, func(v float64) string { return fmtDur(time.Duration(v)) }},
+		)
+	}
 	if slices.ContainsFunc(r.Runs, func(run results.Run) bool { return run.Goodput != nil }) {
 		unit := "req/s"
 		if slo, ok := commonSLO(r.Runs); ok {

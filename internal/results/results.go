@@ -29,6 +29,19 @@ type Result struct {
 	// Err is set when the request failed; Error is its text.
 	Err   error  `json:"-"`
 	Error string `json:"error,omitempty"`
+	// A failed request is exactly one of: Lost, when the client got an
+	// error status or a transport error before a stream began, so no usable
+	// answer; CutWithEvent, when a stream began and ended with an error
+	// event (`data: {"error":...}`), which a client can read and act on;
+	// CutSilent, when a stream began and then broke off without one (the
+	// connection dropped, an unterminated chunked body, no [DONE], a bad
+	// event), which a client cannot tell from a network fault.
+	Lost         bool `json:"lost,omitempty"`
+	CutWithEvent bool `json:"cut_with_event,omitempty"`
+	CutSilent    bool `json:"cut_silent,omitempty"`
+	// InFault marks a request sent while a fault of the run's schedule
+	// (`kvroute bench --faults`) was in force.
+	InFault bool `json:"in_fault,omitempty"`
 	// Sent is when the request was sent, from the start of the run.
 	Sent time.Duration `json:"sent_ns"`
 	// TTFT is the time to the first content token; E2E to the end.

@@ -40,6 +40,16 @@ type Summary struct {
 	CachedTokens     int     `json:"cached_tokens"`
 	CompletionTokens int     `json:"completion_tokens"`
 	HitRate          float64 `json:"hit_rate"`
+	// Lost, CutWithEvent and CutSilent count the failed requests by how
+	// they failed (see Result); they add up to Errors.
+	Lost         int `json:"lost"`
+	CutWithEvent int `json:"cut_with_event"`
+	CutSilent    int `json:"cut_silent"`
+	// FaultRequests counts the requests sent while a fault was in force;
+	// FaultTTFTP99 is the p99 TTFT of those among them that succeeded. Both
+	// are 0 for a run without faults.
+	FaultRequests int           `json:"fault_requests,omitempty"`
+	FaultTTFTP99  time.Duration `json:"fault_ttft_p99_ns,omitempty"`
 	// Imbalance is the busiest backend's busy time over the mean (1 is
 	// perfectly even); 0 when unknown.
 	Imbalance float64 `json:"imbalance"`
@@ -48,18 +58,34 @@ type Summary struct {
 // Summarize aggregates results.
 func Summarize(name string, results []Result) Summary {
 	s := Summary{Name: name, Requests: len(results)}
-	var ttft, e2e, itl, server []time.Duration
+	var ttft, e2e, itl, server, faultTTFT []time.Duration
 	first, last := time.Duration(-1), time.Duration(0)
 	for _, r := range results {
 		if first < 0 || r.Sent < first {
 			first = r.Sent
 		}
 		last = max(last, r.Sent+r.E2E)
+		if r.InFault {
+			s.FaultRequests++
+		}
 		if r.Err != nil || r.Error != "" {
 			s.Errors++
+			switch {
+			case r.CutWithEvent:
+				s.CutWithEvent++
+			case r.CutSilent:
+				s.CutSilent++
+			default:
+				// Unclassified failures (results written before the
+				// classification existed) count as lost: no usable answer.
+				s.Lost++
+			}
 			continue
 		}
 		ttft = append(ttft, r.TTFT)
+		if r.InFault {
+			faultTTFT = append(faultTTFT, r.TTFT)
+		}
 		e2e = append(e2e, r.E2E)
 		if r.ITL > 0 {
 			itl = append(itl, r.ITL)
@@ -75,6 +101,7 @@ func Summarize(name string, results []Result) Summary {
 	s.E2EP50, s.E2EP99 = Percentile(e2e, 0.50), Percentile(e2e, 0.99)
 	s.ITLP50, s.ITLP99 = Percentile(itl, 0.50), Percentile(itl, 0.99)
 	s.ServerTTFTP50, s.ServerTTFTP99 = Percentile(server, 0.50), Percentile(server, 0.99)
+	s.FaultTTFTP99 = Percentile(faultTTFT, 0.99)
 	if first >= 0 {
 		s.Span = last - first
 	}
@@ -126,6 +153,18 @@ func WriteTable(w io.Writer, sums []Summary, bounds Bounds) error {
 	row("", func(s Summary) string { return s.Name })
 	row("requests", func(s Summary) string { return fmt.Sprint(s.Requests) })
 	row("errors", func(s Summary) string { return fmt.Sprint(s.Errors) })
+	if slices.ContainsFunc(sums, func(s Summary) bool { return s.FaultRequests > 0 || s.Errors > 0 }) {
+		// How the errors failed matters as much as how many: a lost request
+		// can be retried by the client, a silent cut looks like a network
+		// fault halfway through an answer.
+		row("  requests lost", func(s Summary) string { return fmt.Sprint(s.Lost) })
+		row("  streams cut with an error event", func(s Summary) string { return fmt.Sprint(s.CutWithEvent) })
+		row("  streams cut silently", func(s Summary) string { return fmt.Sprint(s.CutSilent) })
+	}
+	if slices.ContainsFunc(sums, func(s Summary) bool { return s.FaultRequests > 0 }) {
+		row("requests sent during faults", func(s Summary) string { return fmt.Sprint(s.FaultRequests) })
+		row("TTFT p99 during faults", func(s Summary) string { return ms(s.FaultTTFTP99) })
+	}
 	row("TTFT p50", func(s Summary) string { return ms(s.TTFTP50) })
 	row("TTFT p99", func(s Summary) string { return ms(s.TTFTP99) })
 	if sums[0].ServerTTFTP50 > 0 {
