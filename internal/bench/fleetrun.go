@@ -129,7 +129,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	}
 	// The router as `kvroute serve` runs it, on a loopback port of its own.
 	rs, err := server.Start(ctx, server.Config{Backends: backends, Fleet: opts, Policy: cfg.Policy,
-		Router: router.Options{Seed: cfg.Seed}, Proxy: proxy.Config{Logger: logger},
+		Router: router.Options{Seed: cfg.Seed}, Proxy: proxy.Config{Logger: logger, Resilience: scaledTimeouts(cfg)},
 		Listen: "127.0.0.1:0", DrainDelay: -1, Logger: logger})
 	if err != nil {
 		return fail(err)
@@ -140,6 +140,20 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	}
 	f.URL = rs.URL
 	return f, nil
+}
+
+// scaledTimeouts are the proxy's default first-token floor and idle timeout
+// in the emulators' model time (a tenth of them at --time-scale 0.1), so
+// that a faster-than-real run meets the same deadlines a real one would;
+// never under a second or two of wall time, the machine's own noise.
+func scaledTimeouts(cfg FleetConfig) proxy.Resilience {
+	scale := cfg.TimeScale
+	if len(cfg.BackendURLs) > 0 || scale <= 0 || scale > 1 {
+		return proxy.Resilience{}
+	}
+	at := func(d, least time.Duration) time.Duration { return max(least, time.Duration(float64(d)*scale)) }
+	return proxy.Resilience{FirstTokenFloor: at(proxy.DefaultFirstTokenFloor, time.Second),
+		StreamIdleTimeout: at(proxy.DefaultStreamIdleTimeout, 2*time.Second)}
 }
 
 // realProbeTimeout bounds each probe of a real backend.

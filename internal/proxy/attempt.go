@@ -46,9 +46,10 @@ const (
 )
 
 // fallbackPrefillRate is the prefill speed, in tokens a second, assumed for
-// the first-token deadline when the policy predicts no TTFT: slow enough for
-// a CPU-served small model.
-const fallbackPrefillRate = 500.0
+// the first-token deadline when the policy predicts no TTFT: a sixth of an
+// H100's on an 8B model, so that only a hung backend misses it (a small
+// model on CPUs is slower, but its prompts are short: the floor covers it).
+const fallbackPrefillRate = 5000.0
 
 // Resilience configures the proxy's timeouts and retries. Zero values take
 // the defaults; negative durations turn that timeout off.
