@@ -105,7 +105,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		backends []*fleet.Backend
 		urls     []string
 		err      error
-		opts     = fleet.Options{Logger: logger}
+		opts     = fleet.Options{Logger: logger, Outlier: scaledEjection(cfg)}
 	)
 	if len(cfg.BackendURLs) > 0 {
 		backends, urls, err = f.attach(ctx, cfg.BackendURLs, logger)
@@ -154,6 +154,18 @@ func scaledTimeouts(cfg FleetConfig) proxy.Resilience {
 	at := func(d, least time.Duration) time.Duration { return max(least, time.Duration(float64(d)*scale)) }
 	return proxy.Resilience{FirstTokenFloor: at(proxy.DefaultFirstTokenFloor, time.Second),
 		StreamIdleTimeout: at(proxy.DefaultStreamIdleTimeout, 2*time.Second)}
+}
+
+// scaledEjection is outlier ejection with its default ejection times in the
+// emulators' model time, as scaledTimeouts: a 30 s ejection must not
+// outlast a whole faster-than-real run.
+func scaledEjection(cfg FleetConfig) fleet.OutlierOptions {
+	scale := cfg.TimeScale
+	if len(cfg.BackendURLs) > 0 || scale <= 0 || scale > 1 {
+		return fleet.OutlierOptions{}
+	}
+	at := func(d time.Duration) time.Duration { return max(time.Second, time.Duration(float64(d)*scale)) }
+	return fleet.OutlierOptions{BaseEjectionTime: at(fleet.DefaultBaseEjectionTime), MaxEjectionTime: at(fleet.DefaultMaxEjectionTime)}
 }
 
 // realProbeTimeout bounds each probe of a real backend.
