@@ -134,23 +134,50 @@ func retriableStatus(code int) bool {
 // retryBudget bounds the retries pending (Envoy's retry budget): a retry
 // counts from the failure that caused it until its own attempt answers
 // (its first byte reaches the client) or fails. Once answered, a retried
-// request loads its backend like any other.
+// request loads its backend like any other. The requests in flight it is a
+// share of are the most seen in the last budgetMemory: a burst whose
+// healthy part has already finished still counts while its hung part
+// waits for its retries.
 type retryBudget struct {
 	active, retrying atomic.Int64
+	peak, peakAt     atomic.Int64 // the most requests in flight lately, and since when (Unix ns)
 	ratio            float64
 	min              int64
+	now              func() time.Time
+}
+
+// budgetMemory is how long a peak of requests in flight counts.
+const budgetMemory = 5 * time.Second
+
+// start counts a request in flight.
+func (b *retryBudget) start() {
+	n, now := b.active.Add(1), b.now().UnixNano()
+	if now-b.peakAt.Load() > int64(budgetMemory) {
+		b.peak.Store(n)
+		b.peakAt.Store(now)
+		return
+	}
+	for p := b.peak.Load(); n > p && !b.peak.CompareAndSwap(p, n); p = b.peak.Load() {
+	}
+}
+
+// limit is the retries pending the budget allows now.
+func (b *retryBudget) limit() int64 {
+	live := b.active.Load()
+	if b.now().UnixNano()-b.peakAt.Load() <= int64(budgetMemory) {
+		live = max(live, b.peak.Load())
+	}
+	return max(b.min, int64(b.ratio*float64(live)))
 }
 
 // allows reports whether one more retry fits the budget now.
-func (b *retryBudget) allows() bool {
-	return b.retrying.Load() < max(b.min, int64(b.ratio*float64(b.active.Load())))
-}
+func (b *retryBudget) allows() bool { return b.retrying.Load() < b.limit() }
 
 // acquire takes a retry from the budget, if it allows one.
 func (b *retryBudget) acquire() bool {
 	for {
 		n := b.retrying.Load()
-		if n >= max(b.min, int64(b.ratio*float64(b.active.Load()))) {
+		if n >= b.limit() {
 			return false
 		}
 		if b.retrying.CompareAndSwap(n, n+1) {
@@ -165,7 +192,7 @@ func (b *retryBudget) acquire() bool {
 // token in time) is retried on another candidate, within MaxAttempts and the
 // retry budget; once a byte reached the client the request is never resent.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands []*fleet.Backend) {
-	p.budget.active.Add(1)
+	p.budget.start()
 	defer p.budget.active.Add(-1)
 	var last *failure
 	var lastTicket *router.Ticket

@@ -194,7 +194,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.byLoad = router.NewRouter(byLoad{rand: p.rand}, nil)
 	p.res = cfg.Resilience.withDefaults()
-	p.budget.ratio, p.budget.min = p.res.RetryBudget, int64(p.res.RetryBudgetMin)
+	p.budget.ratio, p.budget.min, p.budget.now = p.res.RetryBudget, int64(p.res.RetryBudgetMin), p.now
 	p.stop, p.stopAll = context.WithCancel(context.Background())
 	p.over = cfg.Overload
 	if p.over.MaxPerBackend == 0 {

@@ -328,7 +328,8 @@ func metricsText(t *testing.T, url string) string {
 }
 
 func TestRetryBudget(t *testing.T) {
-	b := retryBudget{ratio: 0.2, min: 3}
+	now := time.Unix(1000, 0)
+	b := retryBudget{ratio: 0.2, min: 3, now: func() time.Time { return now }}
 	for range 3 {
 		if !b.acquire() {
 			t.Fatal("the minimum of 3 retries was refused")
@@ -337,7 +338,9 @@ func TestRetryBudget(t *testing.T) {
 	if b.allows() || b.acquire() {
 		t.Error("a 4th retry with nothing in flight")
 	}
-	b.active.Store(50) // 20 % of 50: 10 retries
+	for range 50 {
+		b.start() // 20 % of 50: 10 retries
+	}
 	for range 7 {
 		if !b.acquire() {
 			t.Fatal("a retry within 20 % of 50 was refused")
@@ -345,5 +348,14 @@ func TestRetryBudget(t *testing.T) {
 	}
 	if b.acquire() {
 		t.Error("an 11th retry with 50 in flight")
+	}
+	// 40 of the 50 end at once: for a while the budget still counts them.
+	b.active.Add(-40)
+	if b.limit() != 10 {
+		t.Errorf("limit %d just after a burst of 50, want 10", b.limit())
+	}
+	now = now.Add(budgetMemory + time.Second)
+	if b.limit() != 3 {
+		t.Errorf("limit %d long after the burst, with 10 in flight, want the minimum 3", b.limit())
 	}
 }
