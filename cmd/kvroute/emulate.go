@@ -24,11 +24,12 @@ const shutdownGrace = 10 * time.Second
 
 // emulateConfig is what the emulate flags decide.
 type emulateConfig struct {
-	host     string
-	port     int // of the first replica; 0 picks free ports
-	replicas int
-	logLevel slog.Level
-	server   emulator.Config // Logger unset
+	host      string
+	port      int // of the first replica; 0 picks free ports
+	replicas  int
+	logLevel  slog.Level
+	logFormat logFormat
+	server    emulator.Config // Logger unset
 }
 
 // parseEmulateFlags parses the emulate subcommand's flags. Flags that set
@@ -64,6 +65,8 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 	fs.Float64Var(&timeScale, "time-scale", 1, "wall seconds per model second: 1 is real time, 0.1 ten times faster")
 	fs.Uint64Var(&seed, "seed", 0, "seed of the generated outputs (equal seeds give equal replies)")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
+	cfg.logFormat = logText
+	fs.Var(&cfg.logFormat, "log-format", logFormatUsage)
 	registerFaultFlags(fs, &faults)
 	fs.StringVar(&apiKey, "api-key", "", "require the header Authorization: Bearer `KEY` on every /v1 request, as vLLM's --api-key (/health and /metrics stay open)")
 	fs.BoolVar(&admin, "admin", true, "serve GET and PUT /admin/faults (the faults as JSON) to loopback clients only")
@@ -141,7 +144,7 @@ func runEmulate(args []string, stdout, stderr io.Writer) int {
 	if code, ok := flagsDone("emulate", err, stderr); !ok {
 		return code
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	log := newLogger(stderr, cfg.logFormat, cfg.logLevel)
 	ctx, stop := signalContext()
 	defer stop()
 	// Tests and scripts that start with --port 0 read the addresses here.

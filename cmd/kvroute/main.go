@@ -29,6 +29,7 @@ var commands = []command{
 	{"sim", "simulate a fleet and its router replicas in virtual time: policies at scale, capacity planning", runSim},
 	{"demo", "compare round-robin and kvroute on an emulated fleet, in this process", runDemo},
 	{"emulate", "serve emulated vLLM servers (OpenAI API, vLLM metrics) driven by the engine model", runEmulate},
+	{"version", "print the version, the commit and the Go toolchain (also --version)", runVersion},
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -44,6 +45,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "help", "-h", "-help", "--help":
 		usage(stdout)
 		return 0
+	case "-version", "--version":
+		return runVersion(args[1:], stdout, stderr)
 	}
 	for _, c := range commands {
 		if c.name == args[0] {

@@ -31,6 +31,7 @@ type serveConfig struct {
 	policyOpts     router.Options
 	sessionHeader  string
 	logLevel       slog.Level
+	logFormat      logFormat
 	security       securityConfig // securityflags.go
 }
 
@@ -63,6 +64,8 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.IntVar(&cfg.policyOpts.KVRoute.Replicas, "replicas", 1, "kvroute: router replicas sharing these backends behind a random split (each scales its load counts and places sessions by consistent hashing)")
 	fs.Uint64Var(&cfg.policyOpts.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug (one line per request with its decision), info, warn or error")
+	cfg.logFormat = logText
+	fs.Var(&cfg.logFormat, "log-format", logFormatUsage)
 	cfg.security.register(fs)   // securityflags.go
 	registerHardening(fs, &cfg) // hardenflags.go
 	fs.Usage = func() {
@@ -130,7 +133,7 @@ func runServe(args []string, _, stderr io.Writer) int {
 	if code, ok := flagsDone("serve", err, stderr); !ok {
 		return code
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	log := newLogger(stderr, cfg.logFormat, cfg.logLevel)
 	ctx, stop := signalContext()
 	defer stop()
 	if err := serve(ctx, cfg, log, nil); err != nil {

@@ -192,6 +192,7 @@ func (b *retryBudget) acquire() bool {
 // token in time) is retried on another candidate, within MaxAttempts and the
 // retry budget; once a byte reached the client the request is never resent.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands []*fleet.Backend) {
+	c.id = requestID(r)
 	p.budget.start()
 	defer p.budget.active.Add(-1)
 	var last *failure
@@ -231,7 +232,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 		c.retrying = !free
 		p.metrics.retries.WithLabelValues(t.Backend.Name, f.kind).Inc()
 		p.log.Warn("backend failed before answering, retrying on another",
-			"backend", t.Backend.Name, "reason", f.kind, "status", f.status, "attempt", n, "err", f.err)
+			"request_id", c.id, "backend", t.Backend.Name, "reason", f.kind, "status", f.status, "attempt", n, "err", f.err)
 	}
 }
 
@@ -262,7 +263,7 @@ func (p *Proxy) giveUp(w http.ResponseWriter, t *router.Ticket, f *failure, n in
 	if f.retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int((f.retryAfter+time.Second-1)/time.Second)))
 	}
-	p.log.Warn("request failed", "backend", name, "reason", f.kind, "status", e.Status, "attempts", n, "err", f.err)
+	p.log.Warn("request failed", "request_id", w.Header().Get(HeaderRequestID), "backend", name, "reason", f.kind, "status", e.Status, "attempts", n, "err", f.err)
 	p.metrics.requests.WithLabelValues(name, statusLabel(e.Status), t.Reason).Inc()
 	setRouteHeaders(w, &t.Decision)
 	writeError(w, e)

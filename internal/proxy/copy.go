@@ -210,13 +210,13 @@ func (a *attempt) brokeOff(hw *heldWriter, cause, err error, stream, canRetry bo
 	a.status = statusLabel(e.Status)
 	p.metrics.cut.WithLabelValues(b.Name, kind).Inc()
 	if !stream {
-		p.log.Warn("backend failed mid-response, aborting the client connection", "backend", b.Name, "reason", kind, "err", err)
+		p.log.Warn("backend failed mid-response, aborting the client connection", "request_id", a.c.id, "backend", b.Name, "reason", kind, "err", err)
 		return nil, true
 	}
 	// A stream under way ends with an OpenAI-shaped error event and the
 	// end-of-stream marker, as vLLM ends a stream that fails: the client
 	// sees why, and its stream ends cleanly rather than being cut.
-	p.log.Warn("stream cut, ending it with an error event", "backend", b.Name, "reason", kind, "err", err)
+	p.log.Warn("stream cut, ending it with an error event", "request_id", a.c.id, "backend", b.Name, "reason", kind, "err", err)
 	ev := e.AppendEvent(make([]byte, 0, 256))
 	ev = append(ev, "data: [DONE]\n\n"...)
 	if _, werr := hw.Write(ev); werr == nil {

@@ -55,6 +55,8 @@ type call struct {
 	// hideUsage is set when the proxy turned on stream_options.include_usage
 	// for a client that did not ask: its usage chunk is not forwarded.
 	hideUsage bool
+	// id is the request's ID (requestid.go), in every log line about it.
+	id string
 }
 
 // route asks the policy for a backend for a chat or completion request, and
@@ -139,7 +141,7 @@ func (a *attempt) finish(ctx context.Context) {
 	}
 	a.t.Finish(*o)
 	if p.log.Enabled(ctx, slog.LevelDebug) {
-		p.log.LogAttrs(ctx, slog.LevelDebug, "request",
+		p.log.LogAttrs(ctx, slog.LevelDebug, "request", slog.String("request_id", a.c.id),
 			slog.String("backend", name),
 			slog.String("reason", d.Reason),
 			slog.String("status", a.status),

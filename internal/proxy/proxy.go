@@ -263,6 +263,7 @@ func NewTransport() *http.Transport {
 
 // ServeHTTP routes r to its endpoint.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	tagRequest(w, r) // requestid.go: X-Request-Id
 	var ok bool
 	if r, ok = p.admit(w, r); !ok { // security.go: path, key, allow-list, rate
 		return
