@@ -61,8 +61,9 @@ type Config struct {
 	Fixed []*fleet.Backend
 	// File, when not empty, is a YAML file whose backends list (the
 	// --config format) is re-read when its modification time or size
-	// changes, checked every FileInterval, and on Reload. A file that
-	// cannot be read or parsed keeps the backends it had.
+	// changes, checked every FileInterval (default DefaultFileInterval;
+	// negative: never, only on Reload), and on Reload. A file that cannot
+	// be read or parsed keeps the backends it had.
 	File         string
 	FileInterval time.Duration
 	// DNS names are resolved every DNSInterval (and on Reload), each
@@ -143,7 +144,7 @@ func New(cfg Config) (*Discovery, error) {
 	if cfg.DNSInterval <= 0 {
 		cfg.DNSInterval = DefaultDNSInterval
 	}
-	if cfg.FileInterval <= 0 {
+	if cfg.FileInterval == 0 {
 		cfg.FileInterval = DefaultFileInterval
 	}
 	if cfg.Resolver == nil {
@@ -193,7 +194,7 @@ func (d *Discovery) Resolve(ctx context.Context) ([]*fleet.Backend, error) {
 // runs on Run's goroutine. Run returns nil when ctx ends.
 func (d *Discovery) Run(ctx context.Context, update func(context.Context, []*fleet.Backend)) error {
 	var fileC, dnsC <-chan time.Time
-	if d.cfg.File != "" {
+	if d.cfg.File != "" && d.cfg.FileInterval > 0 {
 		t := time.NewTicker(d.cfg.FileInterval)
 		defer t.Stop()
 		fileC = t.C
