@@ -321,3 +321,31 @@ func fleetLogger() *slog.Logger {
 	}
 	return slog.New(slog.DiscardHandler)
 }
+
+// TestEmptyFleetAtStart starts with a DNS name that has no addresses yet:
+// the router serves, unready, and answers 503 until a backend appears.
+func TestEmptyFleetAtStart(t *testing.T) {
+	d, err := discovery.New(discovery.Config{DNS: []string{"_http._tcp.none"}, Resolver: &srvResolver{}, Logger: fleetLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Start(t.Context(), Config{Discovery: d, Policy: "kvroute", Listen: "127.0.0.1:0", DrainDelay: -1, Logger: fleetLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, tt := range []struct{ method, path, body string }{
+		{http.MethodGet, "/readyz", ""},
+		{http.MethodPost, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`},
+	} {
+		req, _ := http.NewRequest(tt.method, s.URL+tt.path, strings.NewReader(tt.body))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("%s %s with no backends = %d, want 503", tt.method, tt.path, res.StatusCode)
+		}
+	}
+}
