@@ -37,9 +37,10 @@ type securityConfig struct {
 	backendKey        string
 
 	// Resolved by resolve.
-	keys      []proxy.APIKey
-	serverTLS *tls.Config // nil: plain HTTP
-	clientTLS *tls.Config // nil: the system's roots, no client certificate
+	keys          []proxy.APIKey
+	backendAPIKey fleet.Secret // of --backend-api-key-env; discovered backends get it too
+	serverTLS     *tls.Config  // nil: plain HTTP
+	clientTLS     *tls.Config  // nil: the system's roots, no client certificate
 }
 
 // register adds the security flags to fs.
@@ -78,6 +79,7 @@ func (s *securityConfig) resolve(backends []*fleet.Backend) error {
 		if err != nil {
 			return fmt.Errorf("--backend-api-key-env: %w", err)
 		}
+		s.backendAPIKey = key
 		for _, b := range backends {
 			if b.APIKey == "" {
 				b.APIKey = key

@@ -9,9 +9,12 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
@@ -27,6 +30,7 @@ type serveConfig struct {
 	connectTimeout time.Duration
 	backends       []*fleet.Backend
 	fleet          fleet.Options
+	discovery      discoveryConfig
 	policy         string
 	policyOpts     router.Options
 	sessionHeader  string
@@ -34,6 +38,19 @@ type serveConfig struct {
 	logFormat      logFormat
 	security       securityConfig // securityflags.go
 }
+
+// discoveryConfig is what the discovery flags decide: with a --config file
+// or a --dns name, the fleet follows them while kvroute runs.
+type discoveryConfig struct {
+	configPath     string
+	configInterval time.Duration
+	dns            stringList
+	dnsInterval    time.Duration
+	fixed          []*fleet.Backend // the --backend flags: they stay
+}
+
+// enabled reports whether the fleet changes at run time.
+func (d *discoveryConfig) enabled() bool { return d.configPath != "" || len(d.dns) > 0 }
 
 // stringList is a repeatable string flag.
 type stringList []string
@@ -54,6 +71,9 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:8080", "address the OpenAI-compatible API listens on")
 	fs.Var(&specs, "backend", "a backend as [name=]URL, e.g. gpu0=http://127.0.0.1:8001 (repeatable)")
 	fs.StringVar(&configPath, "config", "", "YAML file: backends: [{name, url, api_key_env}], and any flag below as a key (first_token_floor: 15s)")
+	fs.DurationVar(&cfg.discovery.configInterval, "config-interval", discovery.DefaultFileInterval, "how often the --config file is checked for changed backends (also re-read on SIGHUP; 0: only on SIGHUP)")
+	fs.Var(&cfg.discovery.dns, "dns", "a DNS name whose addresses are backends, NAME[:PORT] (A/AAAA, port 8000 by default) or an SRV name starting with _ (repeatable)")
+	fs.DurationVar(&cfg.discovery.dnsInterval, "dns-interval", discovery.DefaultDNSInterval, "how often --dns names are resolved again")
 	fs.StringVar(&cfg.policy, "policy", "kvroute", "routing policy: "+strings.Join(router.Names(), ", "))
 	fs.StringVar(&cfg.sessionHeader, "session-header", proxy.DefaultSessionHeader, "request header carrying the session key")
 	fs.DurationVar(&cfg.fleet.ScrapeInterval, "scrape-interval", time.Second, "how often backends' /metrics are scraped")
@@ -87,6 +107,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	if backendsFile != nil {
 		cfg.backends = backendsFile
 	}
+	cfg.discovery.configPath = configPath
 	for _, spec := range specs {
 		b, err := fleet.ParseBackend(len(cfg.backends), spec)
 		if err != nil {
@@ -98,10 +119,16 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 			}
 		}
 		cfg.backends = append(cfg.backends, b)
+		cfg.discovery.fixed = append(cfg.discovery.fixed, b)
+	}
+	if _, err := discovery.New(discovery.Config{DNS: cfg.discovery.dns}); err != nil {
+		return cfg, fmt.Errorf("--dns: %w", err)
 	}
 	switch {
-	case len(cfg.backends) == 0:
-		return cfg, errors.New("no backends: give --backend URL or --config FILE")
+	case len(cfg.backends) == 0 && len(cfg.discovery.dns) == 0:
+		return cfg, errors.New("no backends: give --backend URL, --config FILE or --dns NAME")
+	case cfg.discovery.configInterval < 0 || cfg.discovery.dnsInterval <= 0:
+		return cfg, errors.New("--config-interval must not be negative and --dns-interval must be positive")
 	case cfg.fleet.ScrapeInterval <= 0 || cfg.fleet.HealthInterval <= 0 || cfg.fleet.Timeout <= 0:
 		return cfg, errors.New("--scrape-interval, --health-interval and --probe-timeout must be positive")
 	case cfg.policyOpts.KVRoute.LoadFactor < 1:
@@ -169,6 +196,31 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	sc.Proxy = cfg.security.proxyConfig(proxy.Config{SessionHeader: cfg.sessionHeader, Logger: log, Transport: t,
 		Resilience: cfg.resilience, Overload: cfg.overload})
 	sc.TLS, sc.MetricsListen = cfg.security.serverTLS, cfg.security.metricsListen
+	if dc := cfg.discovery; dc.enabled() {
+		every := dc.configInterval
+		if every == 0 {
+			every = -1 // only on SIGHUP
+		}
+		d, err := discovery.New(discovery.Config{Fixed: dc.fixed, File: dc.configPath, FileInterval: every,
+			DNS: dc.dns, DNSInterval: dc.dnsInterval, APIKey: cfg.security.backendAPIKey, Logger: log})
+		if err != nil {
+			return err
+		}
+		sc.Discovery = d
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		go func() {
+			for {
+				select {
+				case <-hup:
+					d.Reload()
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
 	s, err := server.Start(ctx, sc)
 	if err != nil {
 		return err
@@ -184,7 +236,8 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	if s.MetricsURL != "" {
 		log.Info("metrics serving", "url", s.MetricsURL+"/metrics")
 	}
-	log.Info("kvroute serving", "url", s.URL, "policy", cfg.policy, "backends", len(cfg.backends))
+	log.Info("kvroute serving", "url", s.URL, "policy", cfg.policy, "backends", len(s.Fleet.Backends()),
+		"discovery", sc.Discovery != nil)
 	if ready != nil {
 		ready <- strings.TrimPrefix(strings.TrimPrefix(s.URL, "http://"), "https://")
 	}

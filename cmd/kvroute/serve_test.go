@@ -36,6 +36,9 @@ func TestParseServeFlags(t *testing.T) {
 		{"missing config", []string{"--config", filepath.Join(dir, "none.yaml")}, "none.yaml", 0},
 		{"bad load factor", []string{"--backend", "http://127.0.0.1:9001", "--load-factor", "0.5"}, "load-factor", 0},
 		{"stray argument", []string{"--backend", "http://127.0.0.1:9001", "extra"}, "unexpected", 0},
+		{"dns only", []string{"--dns", "vllm.default.svc:8000", "--dns", "_http._tcp.sglang"}, "", 0},
+		{"bad dns name", []string{"--dns", "vllm:http"}, "--dns", 0},
+		{"bad dns interval", []string{"--dns", "vllm", "--dns-interval", "0s"}, "dns-interval", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -90,12 +90,18 @@ type Options struct {
 // Fleet is the set of backends kvroute routes to. It keeps their health,
 // models and load metrics current (Run, Refresh) and answers the hot path's
 // questions (Candidates, Metrics) without locks: every per-backend fact is
-// an atomic on the Backend. A Fleet is safe for concurrent use; its set of
-// backends is fixed at New.
+// an atomic on the Backend, and the set of backends is an immutable snapshot
+// that Update replaces. A Fleet is safe for concurrent use.
 type Fleet struct {
-	backends []*Backend
-	members  []*member
-	byPtr    map[*Backend]*member
+	set atomic.Pointer[memberSet]
+
+	// mu serialises Update and guards the fields below.
+	mu sync.Mutex
+	// next is the Index the next added backend gets: indexes only grow, so
+	// that a removed backend's requests still in flight never share an
+	// index with a newcomer in a policy's per-backend state.
+	next  int
+	watch func([]*Backend)
 
 	scrapeEvery, healthEvery, timeout time.Duration
 	failAfter, passAfter              int
@@ -106,6 +112,19 @@ type Fleet struct {
 
 	running atomic.Bool
 	out     outliers
+}
+
+// memberSet is one immutable snapshot of the fleet's membership.
+type memberSet struct {
+	backends []*Backend
+	members  []*member
+	byPtr    map[*Backend]*member
+}
+
+func (s *memberSet) add(m *member) {
+	s.backends = append(s.backends, m.b)
+	s.members = append(s.members, m)
+	s.byPtr[m.b] = m
 }
 
 // member is a fleet's private state for one backend: probe URLs, the health
@@ -138,12 +157,10 @@ type member struct {
 // New returns a fleet of backends with options opts. The backends keep their
 // current health (NewBackend makes them healthy) and have no Info until the
 // first Refresh or health round discovers it. The slice is kept; do not
-// modify it afterwards.
+// modify it afterwards. Backends added later by Update are numbered from
+// the largest Index here, plus one.
 func New(backends []*Backend, opts Options) *Fleet {
 	f := &Fleet{
-		backends:    backends,
-		members:     make([]*member, len(backends)),
-		byPtr:       make(map[*Backend]*member, len(backends)),
 		scrapeEvery: positive(opts.ScrapeInterval, DefaultScrapeInterval),
 		healthEvery: positive(opts.HealthInterval, DefaultHealthInterval),
 		timeout:     positive(opts.Timeout, DefaultTimeout),
@@ -166,21 +183,35 @@ func New(backends []*Backend, opts Options) *Fleet {
 	if f.now == nil {
 		f.now = time.Now
 	}
-	for i, b := range backends {
-		base := b.URL.String()
-		m := &member{
-			b:          b,
-			base:       base,
-			healthURL:  b.URL.JoinPath("health").String(),
-			modelsURL:  b.URL.JoinPath("v1", "models").String(),
-			metricsURL: b.URL.JoinPath("metrics").String(),
-			slotsURL:   b.URL.JoinPath("slots").String(),
-		}
-		f.members[i] = m
-		f.byPtr[b] = m
+	set := &memberSet{backends: backends, members: make([]*member, 0, len(backends)),
+		byPtr: make(map[*Backend]*member, len(backends))}
+	for _, b := range backends {
+		m := newMember(b)
+		set.members = append(set.members, m)
+		set.byPtr[b] = m
+		f.next = max(f.next, b.Index+1)
 	}
+	f.set.Store(set)
 	return f
 }
+
+func newMember(b *Backend) *member {
+	return &member{
+		b:          b,
+		base:       b.URL.String(),
+		healthURL:  b.URL.JoinPath("health").String(),
+		modelsURL:  b.URL.JoinPath("v1", "models").String(),
+		metricsURL: b.URL.JoinPath("metrics").String(),
+		slotsURL:   b.URL.JoinPath("slots").String(),
+	}
+}
+
+// members returns the current membership snapshot.
+func (f *Fleet) members() []*member { return f.set.Load().members }
+
+// member returns b's state, or nil when b is not (or no longer) in the
+// fleet.
+func (f *Fleet) member(b *Backend) *member { return f.set.Load().byPtr[b] }
 
 func positive(d, def time.Duration) time.Duration {
 	if d > 0 {
@@ -189,16 +220,17 @@ func positive(d, def time.Duration) time.Duration {
 	return def
 }
 
-// Backends returns every backend in fleet order, healthy or not. The slice
-// is shared: do not modify it.
-func (f *Fleet) Backends() []*Backend { return f.backends }
+// Backends returns every backend in fleet order, healthy or not, as of now:
+// Update may change the set at any time. The slice is shared: do not modify
+// it.
+func (f *Fleet) Backends() []*Backend { return f.set.Load().backends }
 
 // Candidates appends to dst the backends in rotation (healthy, not ejected,
 // not backing off) that serve model, in fleet order, and returns the
 // extended slice. It is the hot path: it takes no locks and allocates
 // nothing when dst has room.
 func (f *Fleet) Candidates(dst []*Backend, model string) []*Backend {
-	for _, m := range f.members {
+	for _, m := range f.members() {
 		if f.inRotation(m) && m.b.Info().Serves(model) {
 			dst = append(dst, m.b)
 		}
@@ -210,7 +242,7 @@ func (f *Fleet) Candidates(dst []*Backend, model string) []*Backend {
 // backing off), whatever they serve, in fleet order, and returns the
 // extended slice. It allocates nothing when dst has room.
 func (f *Fleet) Healthy(dst []*Backend) []*Backend {
-	for _, m := range f.members {
+	for _, m := range f.members() {
 		if f.inRotation(m) {
 			dst = append(dst, m.b)
 		}
@@ -222,7 +254,7 @@ func (f *Fleet) Healthy(dst []*Backend) []*Backend {
 // been discovered, healthy or not.
 func (f *Fleet) Models() []string {
 	var models []string
-	for _, b := range f.backends {
+	for _, b := range f.Backends() {
 		if info := b.Info(); info != nil {
 			models = append(models, info.Models...)
 		}
@@ -236,7 +268,7 @@ func (f *Fleet) Models() []string {
 // a backend unready: it is short, and an overloaded fleet is not a broken
 // one.
 func (f *Fleet) Ready() bool {
-	for _, m := range f.members {
+	for _, m := range f.members() {
 		if b := m.b; b.Healthy() && !m.out.ejected.Load() && b.Info() != nil {
 			return true
 		}
@@ -256,7 +288,7 @@ func (f *Fleet) Metrics(b *Backend) *Metrics { return b.Metrics(f.now(), f.maxAg
 // in the fleet are ignored. Safe for concurrent use; it does not block on
 // I/O.
 func (f *Fleet) MarkFailed(b *Backend, err error) {
-	m := f.byPtr[b]
+	m := f.member(b)
 	if m == nil {
 		return
 	}
@@ -273,7 +305,7 @@ func (f *Fleet) MarkFailed(b *Backend, err error) {
 // every backend in parallel, and returns when all are done or ctx ends. Use
 // it at startup, before Run, so that the fleet is Ready as soon as it can be.
 func (f *Fleet) Refresh(ctx context.Context) {
-	f.each(f.members, func(m *member) {
+	f.each(f.members(), func(m *member) {
 		f.checkHealth(ctx, m)
 		if ctx.Err() != nil || !m.b.Healthy() {
 			return
@@ -316,7 +348,7 @@ func tick(ctx context.Context, every time.Duration, round func(context.Context))
 
 // healthRound checks every backend and discovers those that are due.
 func (f *Fleet) healthRound(ctx context.Context) {
-	f.each(f.members, func(m *member) {
+	f.each(f.members(), func(m *member) {
 		if f.checkHealth(ctx, m) {
 			f.discover(ctx, m)
 		}
@@ -326,7 +358,7 @@ func (f *Fleet) healthRound(ctx context.Context) {
 // scrapeRound scrapes every healthy backend; an unhealthy one's metrics are
 // left to go stale.
 func (f *Fleet) scrapeRound(ctx context.Context) {
-	f.each(f.members, func(m *member) {
+	f.each(f.members(), func(m *member) {
 		if m.b.Healthy() {
 			f.scrape(ctx, m)
 		}

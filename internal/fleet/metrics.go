@@ -40,7 +40,7 @@ func (c fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, m := range c.f.members {
+	for _, m := range c.f.members() {
 		name := m.b.Name
 		ejected := m.out.ejected.Load()
 		ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, bit(m.b.Healthy() && !ejected), name)

@@ -165,7 +165,8 @@ type outliers struct {
 	gateway, fivexx, timeouts, slow int // thresholds; 0 disables
 	factor                          float64
 	floor, base, maxTime            time.Duration
-	limit                           int32 // most backends ejected at once
+	pct                             int          // MaxEjectionPercent as given
+	limit                           atomic.Int32 // most backends ejected at once, for the fleet's size now
 	ejected                         atomic.Int32
 }
 
@@ -189,8 +190,9 @@ func (d *outliers) init(o OutlierOptions, n int) {
 		floor:    o.LatencyFloor,
 		base:     positive(o.BaseEjectionTime, DefaultBaseEjectionTime),
 		maxTime:  positive(o.MaxEjectionTime, DefaultMaxEjectionTime),
-		limit:    int32(ejectionLimit(n, o.MaxEjectionPercent)),
+		pct:      o.MaxEjectionPercent,
 	}
+	d.resize(n)
 	if d.factor <= 0 {
 		d.factor = DefaultLatencyFactor
 	}
@@ -199,6 +201,9 @@ func (d *outliers) init(o OutlierOptions, n int) {
 	}
 	d.maxTime = max(d.maxTime, d.base)
 }
+
+// resize sets the ejection cap for a fleet of n backends (Fleet.Update).
+func (d *outliers) resize(n int) { d.limit.Store(int32(ejectionLimit(n, d.pct))) }
 
 // ejectionLimit is how many of n backends may be ejected at once with a cap
 // of pct percent.
@@ -220,7 +225,7 @@ func ejectionLimit(n, pct int) int {
 func (d *outliers) reserve() bool {
 	for {
 		n := d.ejected.Load()
-		if n >= d.limit {
+		if n >= d.limit.Load() {
 			return false
 		}
 		if d.ejected.CompareAndSwap(n, n+1) {
@@ -250,6 +255,9 @@ type outlierState struct {
 	ejectedAt, until, returned time.Time
 	// refused is set when an ejection was refused, to log it once.
 	refused bool
+	// removed is set when the backend leaves the fleet (Update): a report
+	// that raced with the removal must not eject it and take a slot.
+	removed bool
 }
 
 // observe adds r to o's streaks and returns the streak that crossed its
@@ -314,13 +322,13 @@ func (d *outliers) ejectionTime(n int) time.Duration {
 // are ignored. Safe for concurrent use; it does no I/O and holds a lock
 // only to update a few counters, except on an ejection, which it logs.
 func (f *Fleet) Report(b *Backend, r Result) {
-	m := f.byPtr[b]
+	m := f.member(b)
 	if m == nil {
 		return
 	}
 	o, d := &m.out, &f.out
 	o.mu.Lock()
-	if o.ejected.Load() {
+	if o.ejected.Load() || o.removed {
 		o.mu.Unlock()
 		return
 	}
@@ -339,7 +347,7 @@ func (f *Fleet) Report(b *Backend, r Result) {
 		if first {
 			o.refusals.Add(1)
 			f.log.Warn("backend ejection refused", "backend", b.Name, "url", m.base, "reason", why.String(),
-				"streak", streak, "ejected", d.ejected.Load(), "max_ejected", d.limit)
+				"streak", streak, "ejected", d.ejected.Load(), "max_ejected", d.limit.Load())
 		}
 		return
 	}
@@ -357,7 +365,7 @@ func (f *Fleet) Report(b *Backend, r Result) {
 	times := o.times
 	o.mu.Unlock()
 	f.log.Warn("backend ejected", "backend", b.Name, "url", m.base, "reason", why.String(), "streak", streak,
-		"ejections", times, "duration", dur, "ejected", d.ejected.Load(), "max_ejected", d.limit)
+		"ejections", times, "duration", dur, "ejected", d.ejected.Load(), "max_ejected", d.limit.Load())
 }
 
 // readmit brings an ejected m back into rotation after a health check that
@@ -390,7 +398,7 @@ func (f *Fleet) readmit(m *member, started time.Time) {
 // toward MaxEjectionPercent, and b stays Ready. Backends not in the fleet
 // are ignored. Safe for concurrent use; it does not block.
 func (f *Fleet) Backoff(b *Backend, until time.Time) {
-	m := f.byPtr[b]
+	m := f.member(b)
 	if m == nil {
 		return
 	}
@@ -436,6 +444,6 @@ func (f *Fleet) inRotation(m *member) bool {
 
 // Ejected reports whether b is ejected by outlier detection now.
 func (f *Fleet) Ejected(b *Backend) bool {
-	m := f.byPtr[b]
+	m := f.member(b)
 	return m != nil && m.out.ejected.Load()
 }

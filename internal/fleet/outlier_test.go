@@ -502,7 +502,7 @@ func TestReportConcurrent(t *testing.T) {
 				case 1:
 					clock.Advance(time.Second)
 				case 2:
-					f.readmit(f.byPtr[b], clock.Now())
+					f.readmit(f.member(b), clock.Now())
 				case 3:
 					_ = testutil.CollectAndCount(f.Collector())
 				}

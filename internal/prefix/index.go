@@ -63,6 +63,8 @@ type Index struct {
 	blocks []block
 	unused []int32 // indexes of blocks no backend holds
 	tiers  [][]lru // per tier, per backend
+	// capacities are each tier's capacity for a backend Grow adds.
+	capacities []int
 }
 
 // block is one prompt block and the backends holding it.
@@ -102,14 +104,57 @@ func New(n, capacity int) *Index { return NewTiered(n, capacity) }
 // tier per capacity: each backend holds at most capacities[t] blocks in
 // tier t until SetTierCapacity says otherwise.
 func NewTiered(n int, capacities ...int) *Index {
-	ix := &Index{tiers: make([][]lru, len(capacities))}
+	ix := &Index{tiers: make([][]lru, len(capacities)), capacities: capacities}
 	for t, c := range capacities {
 		ix.tiers[t] = make([]lru, n)
 		for i := range ix.tiers[t] {
-			ix.tiers[t][i] = lru{capacity: max(c, 1), head: nilNode, tail: nilNode, free: nilNode}
+			ix.tiers[t][i] = newLRU(c)
 		}
 	}
 	return ix
+}
+
+func newLRU(capacity int) lru {
+	return lru{capacity: max(capacity, 1), head: nilNode, tail: nilNode, free: nilNode}
+}
+
+// Backends returns how many backends the index has room for: they are
+// numbered 0..Backends()-1.
+func (ix *Index) Backends() int {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	return len(ix.tiers[0])
+}
+
+// Grow makes room for backends numbered up to n-1, each new one empty with
+// the capacities the index was made with. It never shrinks the index.
+// Match's matched slices must then have n entries to see the new backends'
+// blocks (a shorter one ignores them).
+func (ix *Index) Grow(n int) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	for t := range ix.tiers {
+		for len(ix.tiers[t]) < n {
+			ix.tiers[t] = append(ix.tiers[t], newLRU(ix.capacities[t]))
+		}
+	}
+}
+
+// Clear forgets every block backend holds, in every tier, and frees its
+// lists' memory: the backend has left the fleet. Its capacities are kept.
+func (ix *Index) Clear(backend int) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if backend < 0 || backend >= len(ix.tiers[0]) {
+		return
+	}
+	for t := range ix.tiers {
+		l := &ix.tiers[t][backend]
+		for l.size > 0 {
+			ix.evictTail(t, backend)
+		}
+		*l = newLRU(l.capacity)
+	}
 }
 
 // SetCapacity bounds backend's blocks, forgetting its least recently used
@@ -166,7 +211,7 @@ func (ix *Index) Match(hashes []uint64, matched ...[]int) int {
 			if int(hd.tier) >= len(matched) {
 				continue
 			}
-			if m := matched[hd.tier]; m[hd.backend] == i {
+			if m := matched[hd.tier]; int(hd.backend) < len(m) && m[hd.backend] == i {
 				m[hd.backend] = i + 1
 				alive = true
 				if hd.tier == 0 {

@@ -192,3 +192,41 @@ func TestIndexMatchesModel(t *testing.T) {
 		}
 	}
 }
+
+func TestGrowAndClear(t *testing.T) {
+	ix := NewTiered(2, 4, 8)
+	a := Hash(nil, strings.Repeat("a", 64), 16)
+	ix.Insert(0, a)
+	ix.Insert(1, a)
+	ix.Grow(3)
+	if n := ix.Backends(); n != 3 {
+		t.Fatalf("Backends after Grow(3) = %d", n)
+	}
+	if c := ix.TierCapacity(1, 2); c != 8 {
+		t.Errorf("new backend's tier 1 capacity = %d, want 8", c)
+	}
+	ix.Insert(2, a)
+	short := make([]int, 2) // made before Grow: backend 2 is ignored, not a panic
+	if got := ix.Match(a, short); got != 4 || short[0] != 4 {
+		t.Errorf("Match with a short slice = %d, %v", got, short)
+	}
+	ix.Clear(0)
+	m0, m1 := make([]int, 3), make([]int, 3)
+	ix.Match(a, m0, m1)
+	if want := []int{0, 4, 4}; !slices.Equal(m0, want) || !slices.Equal(m1, want) {
+		t.Errorf("after Clear(0): tier 0 %v, tier 1 %v, want %v in both", m0, m1, want)
+	}
+	if ix.Len(0) != 0 {
+		t.Errorf("Len(0) after Clear = %d", ix.Len(0))
+	}
+	ix.Clear(1)
+	ix.Clear(2)
+	ix.Clear(7) // out of range: nothing
+	if got := ix.Match(a, m0); got != 0 {
+		t.Errorf("Match after clearing every backend = %d", got)
+	}
+	ix.Insert(0, a) // a cleared backend can be used again
+	if got := ix.Match(a, m0); got != 4 {
+		t.Errorf("Match after re-insert = %d, want 4", got)
+	}
+}

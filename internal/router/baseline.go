@@ -114,11 +114,19 @@ func LeastLoaded(cands []*fleet.Backend, intN func(int) int) *fleet.Backend {
 // without a session key go to a random candidate.
 type SessionHash struct {
 	rand *lockedRand
-	// The ring over every backend of the fleet, built once: points sorted by
-	// hash, each naming a backend index.
+	// ring is over every backend of the fleet, rebuilt when the fleet
+	// changes (SetBackends).
+	ring atomic.Pointer[hashRing]
+}
+
+// hashRing is a consistent-hash ring: points sorted by hash, each naming a
+// backend index.
+type hashRing struct {
 	points []uint64
 	owners []int
 }
+
+var _ FleetWatcher = (*SessionHash)(nil)
 
 // ringPoints is the number of points per backend, as in ketama (160).
 const ringPoints = 160
@@ -127,6 +135,14 @@ const ringPoints = 160
 // for requests without a key.
 func NewSessionHash(backends []*fleet.Backend, seed uint64) *SessionHash {
 	p := &SessionHash{rand: newRand(seed)}
+	p.SetBackends(backends)
+	return p
+}
+
+// SetBackends implements FleetWatcher: the ring is rebuilt over backends.
+// A backend's points depend on its name only, so only the sessions of the
+// backends that came or went move.
+func (p *SessionHash) SetBackends(backends []*fleet.Backend) {
 	type point struct {
 		h     uint64
 		owner int
@@ -138,11 +154,12 @@ func NewSessionHash(backends []*fleet.Backend, seed uint64) *SessionHash {
 		}
 	}
 	sort.Slice(pts, func(i, j int) bool { return pts[i].h < pts[j].h })
+	r := &hashRing{}
 	for _, pt := range pts {
-		p.points = append(p.points, pt.h)
-		p.owners = append(p.owners, pt.owner)
+		r.points = append(r.points, pt.h)
+		r.owners = append(r.owners, pt.owner)
 	}
-	return p
+	p.ring.Store(r)
 }
 
 // Name implements Policy.
@@ -165,12 +182,13 @@ func (p *SessionHash) Pick(req *Request, cands []*fleet.Backend) (Decision, erro
 // owner walks the ring clockwise from h to the first point whose backend is
 // a candidate.
 func (p *SessionHash) owner(h uint64, cands []*fleet.Backend) *fleet.Backend {
-	if len(p.points) == 0 {
+	r := p.ring.Load()
+	if len(r.points) == 0 {
 		return nil
 	}
-	start := sort.Search(len(p.points), func(i int) bool { return p.points[i] >= h })
-	for k := range p.points {
-		owner := p.owners[(start+k)%len(p.points)]
+	start := sort.Search(len(r.points), func(i int) bool { return r.points[i] >= h })
+	for k := range r.points {
+		owner := r.owners[(start+k)%len(r.points)]
 		// Candidates are few relative to ring points and in fleet order;
 		// a linear scan beats building a set on every pick.
 		for _, b := range cands {

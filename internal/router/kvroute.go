@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -73,7 +74,13 @@ type KVRoute struct {
 	arrivedAt time.Time
 
 	scratch sync.Pool // *pickScratch
+	// width is how many backend indexes the per-backend state has room
+	// for (SetBackends grows it); scratch taken from the pool is resized
+	// to it.
+	width atomic.Int64
 }
+
+var _ FleetWatcher = (*KVRoute)(nil)
 
 // KVRouteConfig tunes the kvroute policy. Zero values take the defaults.
 type KVRouteConfig struct {
@@ -156,8 +163,38 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 	}
 	p.index = prefix.NewTiered(n, p.blocksFor(cfg.DefaultKVTokens), recentFactor*p.blocksFor(cfg.DefaultKVTokens))
 	p.learner.init(n)
-	p.scratch.New = func() any { return &pickScratch{matched: make([]int, n), recent: make([]int, n)} }
+	p.width.Store(int64(n))
+	p.scratch.New = func() any {
+		n := p.width.Load()
+		return &pickScratch{matched: make([]int, n), recent: make([]int, n)}
+	}
 	return p
+}
+
+// SetBackends implements FleetWatcher: it makes room for new backends'
+// indexes in the queue model, the learner and the prefix index, and
+// forgets removed backends' blocks, queue and learned slowness.
+func (p *KVRoute) SetBackends(backends []*fleet.Backend) {
+	n := 0
+	for _, b := range backends {
+		n = max(n, b.Index+1)
+	}
+	gone := p.learner.setBackends(backends)
+	p.index.Grow(n)
+	for _, i := range gone {
+		p.index.Clear(i)
+	}
+	p.mu.Lock()
+	if len(p.queue) < n {
+		p.queue = append(p.queue, make([]drain, n-len(p.queue))...)
+	}
+	for _, i := range gone {
+		p.queue[i] = drain{}
+	}
+	p.mu.Unlock()
+	if int64(n) > p.width.Load() {
+		p.width.Store(int64(n))
+	}
 }
 
 // Name implements Policy.
@@ -208,6 +245,9 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	}
 	s := p.scratch.Get().(*pickScratch)
 	defer p.scratch.Put(s)
+	if n := int(p.width.Load()); len(s.matched) < n { // the fleet grew
+		s.matched, s.recent = make([]int, n), make([]int, n)
+	}
 	s.hashes = req.prefixHashes(s.hashes[:0], p.cfg.BlockBytes)
 	longest := p.index.Match(s.hashes, s.matched, s.recent)
 	ln := p.learner.snapshot()

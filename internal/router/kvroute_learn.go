@@ -30,9 +30,13 @@ type learner struct {
 	// holds their quotient (float64 bits) for Pick; sumSlow is the sum of
 	// the quotients.
 	observed, predicted []float64
-	ratio               []atomic.Uint64
+	ratio               atomic.Pointer[[]atomic.Uint64] // replaced, values copied, when the fleet grows
 	sumSlow             float64
-	capacity            []int // index capacity in blocks last derived from Info, by backend index
+	// live marks the indexes of the backends in the fleet, and nLive counts
+	// them: the mean slowness is over these (SetBackends).
+	live     []bool
+	nLive    int
+	capacity []int // index capacity in blocks last derived from Info, by backend index
 	// hold: the requests' lifetimes weighted by their tokens (decayed
 	// sums), since the long requests are the ones that hold the cache;
 	// life: their plain mean.
@@ -50,14 +54,18 @@ func (l *learner) init(n int) {
 	l.pooled = newSpeed()
 	l.observed = make([]float64, n)
 	l.predicted = make([]float64, n)
-	l.ratio = make([]atomic.Uint64, n)
+	ratio := make([]atomic.Uint64, n)
+	l.ratio.Store(&ratio)
 	l.capacity = make([]int, n)
+	l.live = make([]bool, n)
+	l.nLive = n
 	l.holdSum, l.holdWeight = priorHold, 1
 	l.lifeSum, l.lifeN = priorHold, 1
 	l.recentHit, l.recentSeen = priorRecent/2, priorRecent
 	for i := range n {
 		l.observed[i], l.predicted[i] = priorSlowness, priorSlowness
-		l.ratio[i].Store(math.Float64bits(l.observed[i] / l.predicted[i]))
+		ratio[i].Store(math.Float64bits(l.observed[i] / l.predicted[i]))
+		l.live[i] = true
 	}
 	l.sumSlow = float64(n)
 	l.publish()
@@ -67,14 +75,67 @@ func (l *learner) init(n int) {
 func (l *learner) snapshot() *learned { return l.last.Load() }
 
 // slowRatio returns backend i's observed over predicted TTFT.
-func (l *learner) slowRatio(i int) float64 { return math.Float64frombits(l.ratio[i].Load()) }
+func (l *learner) slowRatio(i int) float64 {
+	return math.Float64frombits((*l.ratio.Load())[i].Load())
+}
+
+// setBackends makes room for every backend of bs, starts the ones new to
+// the learner at the prior, and forgets the learned slowness of those no
+// longer in bs, whose indexes it returns.
+func (l *learner) setBackends(bs []*fleet.Backend) (gone []int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := len(l.observed)
+	for _, b := range bs {
+		n = max(n, b.Index+1)
+	}
+	if n > len(l.observed) {
+		old := *l.ratio.Load()
+		ratio := make([]atomic.Uint64, n)
+		for i := range old {
+			ratio[i].Store(old[i].Load())
+		}
+		for range n - len(l.observed) {
+			l.observed = append(l.observed, priorSlowness)
+			l.predicted = append(l.predicted, priorSlowness)
+			l.capacity = append(l.capacity, 0)
+			l.live = append(l.live, false)
+		}
+		l.ratio.Store(&ratio)
+	}
+	want := make([]bool, n)
+	for _, b := range bs {
+		want[b.Index] = true
+	}
+	ratio := *l.ratio.Load()
+	for i := range n {
+		if want[i] == l.live[i] {
+			continue
+		}
+		if !want[i] {
+			l.sumSlow -= l.observed[i] / l.predicted[i]
+			l.nLive--
+			gone = append(gone, i)
+		}
+		l.observed[i], l.predicted[i], l.capacity[i] = priorSlowness, priorSlowness, 0
+		r := l.observed[i] / l.predicted[i]
+		ratio[i].Store(math.Float64bits(r))
+		if want[i] {
+			l.sumSlow += r
+			l.nLive++
+		}
+		l.live[i] = want[i]
+	}
+	l.publish()
+	return gone
+}
 
 // publish makes the current sums the snapshot picks read. Call with mu held
 // (or before the policy is shared).
 func (l *learner) publish() {
 	l.last.Store(&learned{
 		speed:    l.pooled,
-		meanSlow: l.sumSlow / float64(len(l.observed)),
+		meanSlow: l.sumSlow / float64(max(l.nLive, 1)),
 		hold:     l.holdSum / l.holdWeight,
 		life:     l.lifeSum / l.lifeN,
 		odds:     l.recentHit / l.recentSeen,
@@ -136,20 +197,26 @@ func (k *picked) done(o Outcome) {
 	// prefill. With a queue ahead, how much of it was still to do is itself
 	// an estimate from the learned rate, and fitting the rate to it feeds
 	// its errors back into it.
+	// A backend removed from the fleet since the pick teaches the pooled
+	// fit but keeps no slowness or capacity of its own.
+	live := l.live[b.Index]
 	if o.CachedTokens >= 0 && o.TTFT > 0 && k.queued == 0 {
 		m, c := float64(o.PromptTokens-o.CachedTokens), float64(o.CachedTokens)
 		decoding := float64(k.decoding)
-		i := b.Index
-		l.sumSlow -= l.observed[i] / l.predicted[i]
-		l.observed[i] = l.observed[i]*slownessDecay + o.TTFT.Seconds()
-		l.predicted[i] = l.predicted[i]*slownessDecay + l.pooled.predict(m, c, decoding)
-		r := l.observed[i] / l.predicted[i]
-		l.sumSlow += r
-		l.ratio[i].Store(math.Float64bits(r))
+		if i := b.Index; live {
+			l.sumSlow -= l.observed[i] / l.predicted[i]
+			l.observed[i] = l.observed[i]*slownessDecay + o.TTFT.Seconds()
+			l.predicted[i] = l.predicted[i]*slownessDecay + l.pooled.predict(m, c, decoding)
+			r := l.observed[i] / l.predicted[i]
+			l.sumSlow += r
+			(*l.ratio.Load())[i].Store(math.Float64bits(r))
+		}
 		l.pooled.observe(m, c, decoding, o.TTFT.Seconds())
 	}
 	l.publish()
-	p.resize(b, k.sure, o.CachedTokens)
+	if live {
+		p.resize(b, k.sure, o.CachedTokens)
+	}
 }
 
 // resize sets the index's capacity for b: the KV the backend reports, in

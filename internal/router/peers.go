@@ -205,6 +205,11 @@ func NewSessionBounded(backends []*fleet.Backend, opts Options) *SessionBounded 
 	return p
 }
 
+var _ FleetWatcher = (*SessionBounded)(nil)
+
+// SetBackends implements FleetWatcher: the ring is rebuilt over backends.
+func (p *SessionBounded) SetBackends(backends []*fleet.Backend) { p.ring.SetBackends(backends) }
+
 // Name implements Policy.
 func (*SessionBounded) Name() string { return "session-bounded" }
 
@@ -245,7 +250,8 @@ func (p *SessionBounded) Pick(req *Request, cands []*fleet.Backend) (Decision, e
 		key, reason = req.Prompt[:min(len(req.Prompt), prefix.DefaultBlockBytes)], "hash"
 	}
 	h := xxhash.Sum64String(key)
-	points, owners := p.ring.points, p.ring.owners
+	r := p.ring.ring.Load()
+	points, owners := r.points, r.owners
 	start := sort.Search(len(points), func(i int) bool { return points[i] >= h })
 	for k := range points {
 		owner := owners[(start+k)%len(points)]

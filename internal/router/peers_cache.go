@@ -2,6 +2,7 @@ package router
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/prefix"
@@ -15,12 +16,13 @@ import (
 // concurrent use.
 type blockIndex struct {
 	index         *prefix.Index
-	n             int // backends indexed: 0..n-1
+	n             atomic.Int64 // backends indexed: 0..n-1 (setBackends grows it)
 	defaultBlocks int
 
 	mu       sync.Mutex
 	info     []*fleet.Info // the Info each capacity was derived from
 	capacity []int         // in blocks, by backend index
+	live     []bool        // the backends in the fleet, by index
 
 	scratch sync.Pool // *blockScratch
 }
@@ -36,27 +38,57 @@ func newBlockIndex(backends []*fleet.Backend, defaultKVTokens int) *blockIndex {
 		n = max(n, b.Index+1)
 	}
 	x := &blockIndex{
-		n:             n,
 		defaultBlocks: blocksOf(defaultKVTokens),
 		info:          make([]*fleet.Info, n),
 		capacity:      make([]int, n),
+		live:          make([]bool, n),
 	}
+	x.n.Store(int64(n))
 	x.index = prefix.New(n, x.defaultBlocks)
 	for i := range x.capacity {
 		x.capacity[i] = x.defaultBlocks
+		x.live[i] = true
 	}
 	for _, b := range backends {
 		x.capacityOf(b)
 	}
-	x.scratch.New = func() any { return &blockScratch{matched: make([]int, n)} }
+	x.scratch.New = func() any { return &blockScratch{matched: make([]int, x.n.Load())} }
 	return x
+}
+
+// setBackends is the peers' FleetWatcher: room for new backends' indexes,
+// and removed backends' blocks forgotten.
+func (x *blockIndex) setBackends(backends []*fleet.Backend) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	n := len(x.live)
+	for _, b := range backends {
+		n = max(n, b.Index+1)
+	}
+	for len(x.live) < n {
+		x.info = append(x.info, nil)
+		x.capacity = append(x.capacity, x.defaultBlocks)
+		x.live = append(x.live, false)
+	}
+	x.index.Grow(n)
+	want := make([]bool, n)
+	for _, b := range backends {
+		want[b.Index] = true
+	}
+	for i, live := range x.live {
+		if live && !want[i] {
+			x.index.Clear(i)
+		}
+		x.live[i] = want[i]
+	}
+	x.n.Store(int64(n))
 }
 
 // blocksOf converts a KV capacity in tokens into index blocks.
 func blocksOf(tokens int) int { return max(1, int(float64(tokens)/peerBlockTokens)) }
 
 // has reports whether b is one of the backends the index was built for.
-func (x *blockIndex) has(b *fleet.Backend) bool { return b.Index >= 0 && b.Index < x.n }
+func (x *blockIndex) has(b *fleet.Backend) bool { return b.Index >= 0 && int64(b.Index) < x.n.Load() }
 
 // capacityOf returns b's capacity in blocks, first bringing the index's bound
 // up to date with what b reports (discovery may come after construction).
@@ -84,13 +116,16 @@ func (x *blockIndex) capacityOf(b *fleet.Backend) int {
 // match hashes req's prompt into s.hashes, sets s.matched to every
 // backend's matched leading blocks and returns the longest match.
 func (x *blockIndex) match(s *blockScratch, req *Request) int {
+	if n := int(x.n.Load()); len(s.matched) < n { // the fleet grew
+		s.matched = make([]int, n)
+	}
 	s.hashes = req.prefixHashes(s.hashes[:0], peerBlockBytes)
 	return x.index.Match(s.hashes, s.matched)
 }
 
 // matched returns b's matched blocks from the last match into s.
 func (x *blockIndex) matched(s *blockScratch, b *fleet.Backend) int {
-	if !x.has(b) {
+	if b.Index < 0 || b.Index >= len(s.matched) {
 		return 0
 	}
 	return s.matched[b.Index]

@@ -126,3 +126,8 @@ func softmaxSample(scores []Score, temp float64, r *lockedRand) int {
 	}
 	return len(scores) - 1
 }
+
+var _ FleetWatcher = (*DynamoKV)(nil)
+
+// SetBackends implements FleetWatcher.
+func (p *DynamoKV) SetBackends(backends []*fleet.Backend) { p.index.setBackends(backends) }

@@ -146,3 +146,8 @@ func (p *LLMDDefault) Pick(req *Request, cands []*fleet.Backend) (Decision, erro
 	d.Scores = scores
 	return d, nil
 }
+
+var _ FleetWatcher = (*LLMDDefault)(nil)
+
+// SetBackends implements FleetWatcher.
+func (p *LLMDDefault) SetBackends(backends []*fleet.Backend) { p.index.setBackends(backends) }

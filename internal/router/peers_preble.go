@@ -145,3 +145,8 @@ func (p *PrebleE2) Pick(req *Request, cands []*fleet.Backend) (Decision, error) 
 	d.Scores = scores
 	return d, nil
 }
+
+var _ FleetWatcher = (*PrebleE2)(nil)
+
+// SetBackends implements FleetWatcher.
+func (p *PrebleE2) SetBackends(backends []*fleet.Backend) { p.index.setBackends(backends) }

@@ -320,3 +320,21 @@ func commonPrefix(a, b string) int {
 	}
 	return i
 }
+
+var _ FleetWatcher = (*SGLangCacheAware)(nil)
+
+// SetBackends implements FleetWatcher: the tree forgets what it sent to
+// backends no longer in the fleet. (It grows with new ones by itself.)
+func (p *SGLangCacheAware) SetBackends(backends []*fleet.Backend) {
+	in := make(map[int]bool, len(backends))
+	for _, b := range backends {
+		in[b.Index] = true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, size := range p.tree.size {
+		if size > 0 && !in[i] {
+			p.tree.evict(int32(i), 0)
+		}
+	}
+}

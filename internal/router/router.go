@@ -172,6 +172,19 @@ type Policy interface {
 	Pick(req *Request, cands []*fleet.Backend) (Decision, error)
 }
 
+// FleetWatcher is implemented by policies that keep state per backend
+// index. SetBackends tells them the fleet's whole new set of backends, in
+// fleet order, whenever it changes (fleet.Fleet.Watch, through
+// Router.SetBackends): they make room for indexes beyond those they were
+// built for, before any such backend is a candidate, and forget what they
+// learned about backends no longer in the set. Indexes are never reused, so
+// a removed backend's requests still in flight may finish into state that
+// is no longer read. SetBackends is safe for concurrent use with Pick and
+// Done; it may take locks and allocate.
+type FleetWatcher interface {
+	SetBackends(backends []*fleet.Backend)
+}
+
 // Outcome is what happened to a routed request, as its driver (the proxy,
 // the simulator) saw it.
 type Outcome struct {

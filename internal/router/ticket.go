@@ -39,6 +39,15 @@ func (r *Router) Name() string { return r.policy.Name() }
 // Policy returns the policy the router drives.
 func (r *Router) Policy() Policy { return r.policy }
 
+// SetBackends tells the policy the fleet's new set of backends, if it keeps
+// state per backend (FleetWatcher); other policies need nothing. It is the
+// fleet's watcher (fleet.Fleet.Watch). Safe for concurrent use with Route.
+func (r *Router) SetBackends(backends []*fleet.Backend) {
+	if w, ok := r.policy.(FleetWatcher); ok {
+		w.SetBackends(backends)
+	}
+}
+
 // Route picks a backend for req among cands (healthy backends that serve
 // req.Model, in fleet order), counts the request there and returns its
 // ticket. The caller must Finish the ticket exactly once, whatever happens;

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
@@ -42,10 +43,18 @@ const (
 	DefaultGrace = 45 * time.Second
 )
 
-// Config describes a router to start. Backends and Policy are required.
+// Config describes a router to start. Policy is required, and Backends or
+// Discovery.
 type Config struct {
 	// Backends are the fleet (their Index fields numbering them 0..n-1).
+	// With Discovery they are ignored: the fleet starts as Discovery
+	// resolves it.
 	Backends []*fleet.Backend
+	// Discovery, when not nil, keeps the fleet current while the server
+	// runs (a re-read config file, DNS names): Start resolves it once for
+	// the initial fleet, then runs its loop until Shutdown or Close, each
+	// change applied with fleet.Fleet.Update and told to the policy.
+	Discovery *discovery.Discovery
 	// Fleet configures health checks, scrapes and outlier ejection.
 	Fleet fleet.Options
 	// Policy is the routing policy's name (router.Names); Router its
@@ -97,12 +106,21 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	cfg = withDefaults(cfg)
 	log := cfg.Logger
 	cfg.Fleet.Logger = log
+	if cfg.Discovery != nil {
+		bs, err := cfg.Discovery.Resolve(ctx)
+		if err != nil {
+			// A source that fails now may work later: Run keeps trying.
+			log.Warn("discovery: some sources failed at start", "err", err, "backends", len(bs))
+		}
+		cfg.Backends = bs
+	}
 	fl := fleet.New(cfg.Backends, cfg.Fleet)
 	cfg.Router.Metrics = fl.Metrics // for policies that read scraped load
 	rt, err := router.New(cfg.Policy, cfg.Backends, cfg.Router)
 	if err != nil {
 		return nil, err
 	}
+	fl.Watch(rt.SetBackends) // the policy grows before a new backend is a candidate
 	cfg.Proxy.Fleet, cfg.Proxy.Router = fl, rt
 	if cfg.Proxy.Logger == nil {
 		cfg.Proxy.Logger = log
@@ -138,6 +156,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.api = &http.Server{Handler: px, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		ReadHeaderTimeout: max(cfg.ReadHeaderTimeout, 0), IdleTimeout: max(cfg.IdleTimeout, 0)}
 	s.goRun(func() error { return fl.Run(ctx) })
+	if d := cfg.Discovery; d != nil {
+		s.goRun(func() error {
+			return d.Run(ctx, func(ctx context.Context, bs []*fleet.Backend) {
+				added, removed := fl.Update(ctx, bs)
+				log.Info("fleet changed", "backends", len(fl.Backends()), "added", len(added), "removed", len(removed))
+			})
+		})
+	}
 	s.goRun(func() error { return s.api.Serve(ln) })
 	if mln != nil {
 		s.metrics = &http.Server{Handler: px.MetricsHandler(), ReadHeaderTimeout: DefaultReadHeaderTimeout}
@@ -187,7 +213,7 @@ func (s *Server) Err() <-chan error { return s.errc }
 //     DrainDelay, so that the load balancer in front stops sending them;
 //  2. the listener closes and requests in flight get Grace to finish;
 //  3. what is left is ended: streams with an error event, others with 503;
-//  4. the fleet's loops stop.
+//  4. the fleet's loops and discovery stop.
 //
 // It returns when everything Start started has stopped, or ctx ends (then
 // connections are closed at once).
