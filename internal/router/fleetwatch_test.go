@@ -56,7 +56,7 @@ func TestPoliciesFollowTheFleet(t *testing.T) {
 						mu.Lock()
 						cs := cands
 						mu.Unlock()
-						req := &Request{Prompt: words(i%7, 300+i%5*100), SessionKey: fmt.Sprintf("s%d-%d", g, i%13), MaxTokens: 10}
+						req := &Request{Prompt: words(g*100_000+i, 300+i%5*100), SessionKey: fmt.Sprintf("s%d-%d", g, i), MaxTokens: 10}
 						tk, err := r.Route(req, cs)
 						if err != nil {
 							t.Error(err)

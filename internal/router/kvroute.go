@@ -275,11 +275,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	rate := p.arrivalRate(now)
 	p.mu.Unlock()
 
-	cand := p.candidates(s, cands, ln, ratio, promptTokens, nowS)
-	backlog := math.Inf(1)
-	for i := range cand {
-		backlog = min(backlog, cand[i].queued)
-	}
+	cand, backlog := p.candidates(s, cands, ln, ratio, promptTokens, nowS)
 	penalty := missPenalty(p.cfg.MissPenalty, rate, len(cands), backlog)
 	best, floor, floorTTFT := p.cost(cand, cands, loads, ln, penalty, bound, float64(promptTokens+max(req.MaxTokens, defaultOutput)))
 	if math.IsInf(cand[best].cost, 1) {
@@ -340,24 +336,27 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 
 // candidates works out, for every candidate, the prompt tokens expected
 // cached there, its slowness, the prefill queued ahead and the request's own
-// prefill.
-func (p *KVRoute) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned, ratio float64, promptTokens int, nowS float64) []candidate {
+// prefill; and the least prefill queued on any (the fleet's backlog).
+func (p *KVRoute) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned, ratio float64, promptTokens int, nowS float64) ([]candidate, float64) {
 	s.cand = slices.Grow(s.cand[:0], len(cands))[:len(cands)]
 	cand := s.cand
 	clear(cand)
+	slow := p.learner.slowRatios()
+	backlog := math.Inf(1)
 	for i, b := range cands {
 		c := &cand[i]
 		c.sure = min(promptTokens, int(float64(s.matched[b.Index]*p.cfg.BlockBytes)/ratio))
 		c.maybe = max(c.sure, min(promptTokens, int(float64(s.recent[b.Index]*p.cfg.BlockBytes)/ratio)))
 		c.cached = expectedCached(c.sure, c.maybe, ln.odds)
-		c.slow = slowness(p.learner.slowRatio(b.Index), ln.meanSlow)
+		c.slow = slowness(math.Float64frombits(slow[b.Index].Load()), ln.meanSlow)
 		c.miss = float64(promptTokens - c.cached)
 		if s.loads[i].PrefillTokens > 0 {
 			c.queued = s.drains[i].left(nowS, c.slow*ln.speed.prefill(float64(s.loads[i].PrefillTokens), 0))
 		}
 		c.own = c.slow * ln.speed.prefill(c.miss, float64(c.cached))
+		backlog = min(backlog, c.queued)
 	}
-	return cand
+	return cand, backlog
 }
 
 // cost sets every candidate's predicted TTFT and cost, for a request that

@@ -74,10 +74,9 @@ func (l *learner) init(n int) {
 // snapshot returns the latest learned values.
 func (l *learner) snapshot() *learned { return l.last.Load() }
 
-// slowRatio returns backend i's observed over predicted TTFT.
-func (l *learner) slowRatio(i int) float64 {
-	return math.Float64frombits((*l.ratio.Load())[i].Load())
-}
+// slowRatios returns every backend's observed over predicted TTFT (float64
+// bits), by backend index; read once per pick.
+func (l *learner) slowRatios() []atomic.Uint64 { return *l.ratio.Load() }
 
 // setBackends makes room for every backend of bs, starts the ones new to
 // the learner at the prior, and forgets the learned slowness of those no
