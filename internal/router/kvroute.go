@@ -270,7 +270,9 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	session, hasSession := p.sessions[req.SessionKey]
 	hasSession = hasSession && req.SessionKey != ""
 	for i, b := range cands {
-		s.drains[i] = p.queue[b.Index]
+		if loads[i].PrefillTokens > 0 { // else nothing is queued there
+			s.drains[i] = p.queue[b.Index]
+		}
 	}
 	rate := p.arrivalRate(now)
 	p.mu.Unlock()
@@ -302,14 +304,14 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	if cb.maybe > cb.sure {
 		work = cb.slow * ln.speed.prefill(float64(promptTokens-cb.sure), float64(cb.sure))
 	}
-	pk := &picked{policy: p, req: req, backend: chosen, sure: cb.sure, maybe: cb.maybe,
+	pk := picked{policy: p, req: req, backend: chosen, sure: cb.sure, maybe: cb.maybe,
 		queued: loads[best].PrefillTokens, decoding: loads[best].Decoding}
 	d := Decision{
 		Backend:       chosen,
 		Cached:        cb.sure,
 		PredictedTTFT: seconds(cb.ttft),
 		Scores:        explain(cand, cands, best),
-		Done:          pk.done,
+		Done:          func(o Outcome) { pk.done(o) }, // one allocation: pk lives in the closure
 	}
 	switch {
 	case longest > 0 && s.matched[chosen.Index] == longest:
