@@ -193,7 +193,7 @@ func TestCacheHitRateMatchesServe(t *testing.T) {
 
 	bsServe := emulators(t, ctx, 4)
 	s, err := server.Start(ctx, server.Config{Backends: bsServe, Policy: "kvroute", Listen: "127.0.0.1:0",
-		DrainDelay: -1, Logger: quiet(), Router: router.Options{}})
+		DrainDelay: -1, Logger: quiet(), Router: router.Options{Seed: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,15 +214,24 @@ func TestCacheHitRateMatchesServe(t *testing.T) {
 		}
 		return b, err
 	})
-	t.Logf("prompt-cache hit rate: epp %.1f%%, serve %.1f%%", 100*eppRate, 100*serveRate)
+	// For scale: what a cache-blind policy gets through the picker.
+	bsRR := emulators(t, ctx, 4)
+	_, envRR := startPicker(t, ctx, bsRR, "round-robin", Options{})
+	rrRate := converse(t, sessions, model(bsRR), func(id string, body []byte) ([]byte, error) {
+		res, err := envRR.do(ctx, "/v1/chat/completions", map[string]string{"x-session-id": id}, body)
+		return res.body, err
+	})
+	t.Logf("prompt-cache hit rate: epp %.1f%%, serve %.1f%% (round-robin through the epp: %.1f%%)", 100*eppRate, 100*serveRate, 100*rrRate)
 	if d := eppRate - serveRate; d < -0.02 || d > 0.02 {
 		t.Errorf("hit rate through the picker %.1f%%, through serve %.1f%%: more than 2 points apart", 100*eppRate, 100*serveRate)
 	}
 }
 
-// converse plays sessions, all at once, each turn after the reply to the
-// one before and carrying the whole conversation, and returns the share of
-// prompt tokens the backends reported cached.
+// converse plays sessions, each turn after the reply to the one before and
+// carrying the whole conversation, and returns the share of prompt tokens
+// the backends reported cached. A session starts once the one before has
+// its first reply, so that where conversations begin does not depend on
+// which goroutine runs first; then they go on side by side.
 func converse(t *testing.T, sessions []workload.Session, model string, send func(id string, body []byte) ([]byte, error)) float64 {
 	t.Helper()
 	var (
@@ -230,10 +239,17 @@ func converse(t *testing.T, sessions []workload.Session, model string, send func
 		prompt, cached int
 		wg             sync.WaitGroup
 	)
+	next := make(chan struct{})
 	for _, s := range sessions {
 		wg.Go(func() {
+			var once sync.Once
+			started := func() { once.Do(func() { next <- struct{}{} }) }
+			defer started() // a session that fails early still lets the next begin
 			msgs := []message{{"system", s.System}}
-			for _, turn := range s.Turns {
+			for i, turn := range s.Turns {
+				if i == 1 {
+					started()
+				}
 				msgs = append(msgs, message{turn.MessageRole(), turn.Text()})
 				body, err := send(s.ID, chatBody(model, msgs, turn.MaxTokens))
 				if err != nil {
@@ -247,6 +263,7 @@ func converse(t *testing.T, sessions []workload.Session, model string, send func
 				mu.Unlock()
 			}
 		})
+		<-next
 	}
 	wg.Wait()
 	if prompt == 0 {
