@@ -13,6 +13,9 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -273,3 +276,21 @@ func converse(t *testing.T, sessions []workload.Session, model string, send func
 }
 
 func admissionNoQueue() admission.Config { return admission.Config{MaxQueue: -1} }
+
+func TestHealth(t *testing.T) {
+	ctx := t.Context()
+	bs := emulators(t, ctx, 1)
+	s, _ := startPicker(t, ctx, bs, "kvroute", Options{})
+	conn, err := grpc.NewClient(s.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	for _, name := range []string{"", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"} {
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health %q: %v, %v", name, r.GetStatus(), err)
+		}
+	}
+}
