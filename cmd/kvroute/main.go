@@ -28,6 +28,7 @@ var commands = []command{
 	{"bench", "play a workload through every policy on an emulated fleet and report side by side", runBench},
 	{"sim", "simulate a fleet and its router replicas in virtual time: policies at scale, capacity planning", runSim},
 	{"demo", "compare round-robin and kvroute on an emulated fleet, in this process", runDemo},
+	{"epp", "the endpoint picker of the Gateway API Inference Extension: an Envoy ext_proc server routing with kvroute", runEpp},
 	{"emulate", "serve emulated vLLM servers (OpenAI API, vLLM metrics) driven by the engine model", runEmulate},
 	{"version", "print the version, the commit and the Go toolchain (also --version)", runVersion},
 }

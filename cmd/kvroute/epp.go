@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/epp"
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/router"
+)
+
+// eppConfig is what the epp flags decide.
+type eppConfig struct {
+	server   epp.Config
+	grace    time.Duration
+	logLevel slog.Level
+}
+
+// eppGrace is how long requests in flight get on SIGTERM before their
+// streams are cut: the ext_proc stream lives as long as the response.
+const eppGrace = 45 * time.Second
+
+// parseEppFlags parses the epp subcommand's flags. Endpoints come from
+// --endpoint ip:port, --backend URL, a --config file, or any of them.
+func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
+	fs := flag.NewFlagSet("kvroute epp", flag.ContinueOnError)
+	fs.SetOutput(output)
+	var (
+		cfg        eppConfig
+		endpoints  stringList
+		specs      stringList
+		configPath string
+	)
+	sc, po := &cfg.server, &cfg.server.Picker
+	fs.Var(&endpoints, "endpoint", "an endpoint as ip:port, served over http (repeatable)")
+	fs.Var(&specs, "backend", "an endpoint as [name=]URL, as for serve (repeatable); Envoy is told its host:port")
+	fs.StringVar(&configPath, "config", "", "YAML file: backends: [{name, url, api_key_env}], and any flag below as a key")
+	fs.StringVar(&sc.GRPCListen, "grpc-listen", epp.DefaultGRPCListen, "address of the ext_proc and gRPC health services")
+	fs.StringVar(&sc.MetricsListen, "metrics-listen", "", "address of /metrics (empty: not served)")
+	fs.StringVar(&sc.Policy, "policy", "kvroute", "routing policy: "+strings.Join(router.Names(), ", "))
+	fs.IntVar(&po.Fallbacks, "fallbacks", 2, "endpoints after the chosen one in the envoy.lb destination list, next-best first, for Envoy's retries")
+	fs.BoolVar(&po.HeaderList, "header-list", false, "put the whole destination list in the x-gateway-destination-endpoint header too (for Envoy's override_host policy; an ORIGINAL_DST cluster needs one address)")
+	fs.IntVar(&po.MaxPerEndpoint, "max-per-endpoint", epp.DefaultMaxPerEndpoint, "most generation requests in flight on one endpoint; past it requests queue, then get 429 (negative: no cap)")
+	fs.IntVar(&po.Admission.MaxQueue, "max-queue", 1024, "most requests waiting for room (negative: none, refuse at once)")
+	fs.DurationVar(&po.Admission.QueueTimeout, "queue-timeout", 30*time.Second, "longest wait for room before 429")
+	fs.BoolVar(&po.IncludeUsage, "include-usage", true, "ask backends for the usage chunk of streams that did not, so the policy learns cached tokens (the client sees the chunk)")
+	fs.StringVar(&po.SessionHeader, "session-header", proxy.DefaultSessionHeader, "request header carrying the session key")
+	fs.DurationVar(&sc.Fleet.ScrapeInterval, "scrape-interval", time.Second, "how often endpoints' /metrics are scraped")
+	fs.DurationVar(&sc.Fleet.HealthInterval, "health-interval", time.Second, "how often endpoints' /health is checked")
+	fs.DurationVar(&sc.Fleet.Timeout, "probe-timeout", fleet.DefaultTimeout, "limit of each /health, /metrics and /v1/models probe")
+	fs.Float64Var(&sc.Router.KVRoute.LoadFactor, "load-factor", 2, "kvroute: no endpoint takes more than this × the mean in-flight requests (+4)")
+	fs.IntVar(&sc.Router.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
+	fs.Uint64Var(&sc.Router.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
+	fs.DurationVar(&cfg.grace, "grace", eppGrace, "on SIGTERM, how long open streams get to finish")
+	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: kvroute epp --endpoint IP:PORT [--endpoint IP:PORT ...] [flags]\n\n"+
+			"Serves the endpoint picker of the Gateway API Inference Extension: an Envoy external\n"+
+			"processor (ext_proc, FULL_DUPLEX_STREAMED bodies) that routes each request with kvroute's\n"+
+			"policy and answers with x-gateway-destination-endpoint. See docs/epp.md.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	backendsFile, err := applySettings(fs, configPath, os.LookupEnv) // settings.go: KVROUTE_* and the file
+	if err != nil {
+		return cfg, err
+	}
+	sc.Backends = backendsFile
+	for _, e := range endpoints {
+		if _, _, err := net.SplitHostPort(e); err != nil {
+			return cfg, fmt.Errorf("--endpoint %q: want ip:port: %v", e, err)
+		}
+		specs = append(specs, e+"=http://"+e)
+	}
+	for _, spec := range specs {
+		b, err := fleet.ParseBackend(len(sc.Backends), spec)
+		if err != nil {
+			return cfg, err
+		}
+		for _, other := range sc.Backends {
+			if other.Name == b.Name || epp.Address(other) == epp.Address(b) {
+				return cfg, fmt.Errorf("endpoint %q given twice", epp.Address(b))
+			}
+		}
+		sc.Backends = append(sc.Backends, b)
+	}
+	switch {
+	case len(sc.Backends) == 0:
+		return cfg, errors.New("no endpoints: give --endpoint IP:PORT, --backend URL or --config FILE")
+	case sc.Fleet.ScrapeInterval <= 0 || sc.Fleet.HealthInterval <= 0 || sc.Fleet.Timeout <= 0:
+		return cfg, errors.New("--scrape-interval, --health-interval and --probe-timeout must be positive")
+	case po.Fallbacks < 0:
+		return cfg, fmt.Errorf("--fallbacks must not be negative, got %d", po.Fallbacks)
+	case po.Admission.QueueTimeout < 0:
+		return cfg, errors.New("--queue-timeout must not be negative")
+	case sc.Router.KVRoute.LoadFactor < 1:
+		return cfg, fmt.Errorf("--load-factor must be at least 1, got %v", sc.Router.KVRoute.LoadFactor)
+	case sc.Router.KVRoute.BlockBytes < 16:
+		return cfg, fmt.Errorf("--block-bytes must be at least 16, got %d", sc.Router.KVRoute.BlockBytes)
+	}
+	if po.Admission.MaxQueue == 0 {
+		po.Admission.MaxQueue = -1 // on the command line 0 means none
+	}
+	if _, err := router.New(sc.Policy, sc.Backends, sc.Router); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+func runEpp(args []string, _, stderr io.Writer) int {
+	cfg, err := parseEppFlags(args, stderr)
+	if code, ok := flagsDone("epp", err, stderr); !ok {
+		return code
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	ctx, stop := signalContext()
+	defer stop()
+	if err := runPicker(ctx, cfg, log, nil); err != nil {
+		log.Error("epp failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// runPicker runs the endpoint picker until ctx ends, then drains it. If
+// ready is not nil it receives the gRPC address once the picker serves.
+func runPicker(ctx context.Context, cfg eppConfig, log *slog.Logger, ready chan<- string) error {
+	cfg.server.Logger = log
+	s, err := epp.Start(ctx, cfg.server)
+	if err != nil {
+		return err
+	}
+	for _, b := range s.Fleet.Backends() {
+		info := b.Info()
+		if info == nil {
+			log.Warn("endpoint not reachable yet", "endpoint", epp.Address(b), "url", b.URL.String())
+			continue
+		}
+		log.Info("endpoint", "endpoint", epp.Address(b), "models", info.Models, "healthy", b.Healthy())
+	}
+	if s.MetricsURL != "" {
+		log.Info("metrics serving", "url", s.MetricsURL+"/metrics")
+	}
+	log.Info("kvroute epp serving", "grpc", s.Addr, "policy", cfg.server.Policy, "endpoints", len(cfg.server.Backends))
+	if ready != nil {
+		ready <- s.Addr
+	}
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "signal", context.Cause(ctx), "grace", cfg.grace)
+	case err := <-s.Err():
+		s.Close()
+		return err
+	}
+	gctx, cancel := context.WithTimeout(context.Background(), cfg.grace)
+	defer cancel()
+	s.Shutdown(gctx)
+	log.Info("stopped")
+	return nil
+}

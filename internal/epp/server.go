@@ -1,0 +1,213 @@
+package epp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/router"
+)
+
+// DefaultGRPCListen is the GIE convention for the picker's port.
+const DefaultGRPCListen = ":9002"
+
+// Health service names the picker answers, as GIE's EPP does: the
+// ext_proc service, liveness, readiness, and "" (the whole server).
+var healthServices = []string{"", "liveness", "readiness", extprocv3.ExternalProcessor_ServiceDesc.ServiceName}
+
+// Config describes an endpoint picker to start. Backends and Policy are
+// required.
+type Config struct {
+	// Backends are the endpoints (their Index fields numbering them
+	// 0..n-1); their URLs' host:port are what Envoy is told.
+	Backends []*fleet.Backend
+	// Fleet configures health checks, scrapes and outlier ejection.
+	Fleet fleet.Options
+	// Policy is the routing policy's name (router.Names); Router its
+	// options (Metrics is filled in from the fleet).
+	Policy string
+	Router router.Options
+	// Picker configures the picker; its Fleet and Router are filled in.
+	Picker Options
+	// GRPCListen is the ext_proc and health address (default :9002).
+	GRPCListen string
+	// MetricsListen, when not empty, serves /metrics on a listener of its
+	// own.
+	MetricsListen string
+	// Logger receives the components' logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is a running endpoint picker.
+type Server struct {
+	// Fleet, Router and Picker are the running parts.
+	Fleet  *fleet.Fleet
+	Router *router.Router
+	Picker *Picker
+	// Addr is the gRPC listener's address; MetricsURL the metrics
+	// listener's base URL, if any.
+	Addr, MetricsURL string
+
+	grpc    *grpc.Server
+	health  *health.Server
+	metrics *http.Server
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	errc    chan error
+	once    sync.Once
+}
+
+// Start builds the fleet, the router and the picker, checks every endpoint
+// once, and serves ext_proc and gRPC health on GRPCListen. The fleet's
+// loops run until Close or until ctx ends.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg.Fleet.Logger = log
+	fl := fleet.New(cfg.Backends, cfg.Fleet)
+	cfg.Router.Metrics = fl.Metrics
+	rt, err := router.New(cfg.Policy, cfg.Backends, cfg.Router)
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	po := cfg.Picker
+	po.Fleet, po.Router, po.Logger, po.Admission.Registerer = fl, rt, log, reg
+	pk, err := New(po)
+	if err != nil {
+		return nil, err
+	}
+	addr := cfg.GRPCListen
+	if addr == "" {
+		addr = DefaultGRPCListen
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Fleet: fl, Router: rt, Picker: pk, Addr: ln.Addr().String(), errc: make(chan error, 3)}
+	var mln net.Listener
+	if cfg.MetricsListen != "" {
+		if mln, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("metrics listener: %w", err)
+		}
+		s.MetricsURL = "http://" + mln.Addr().String()
+	}
+
+	ctx, s.cancel = context.WithCancel(ctx)
+	fl.Refresh(ctx)
+	s.grpc = grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(s.grpc, pk)
+	s.health = health.NewServer()
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	s.setHealth(fl.Ready())
+	s.goRun(func() error { return fl.Run(ctx) })
+	s.goRun(func() error { s.watchReady(ctx); return nil })
+	s.goRun(func() error { return s.grpc.Serve(ln) })
+	if mln != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		s.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		s.goRun(func() error { return s.metrics.Serve(mln) })
+	}
+	return s, nil
+}
+
+// watchReady keeps readiness in step with the fleet: the picker is ready
+// while some endpoint could take a request. Liveness stays SERVING.
+func (s *Server) watchReady(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.setHealth(s.Fleet.Ready())
+		}
+	}
+}
+
+func (s *Server) setHealth(ready bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ready {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	for _, name := range healthServices {
+		if name == "liveness" {
+			s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+			continue
+		}
+		s.health.SetServingStatus(name, st)
+	}
+}
+
+func (s *Server) goRun(fn func() error) {
+	s.wg.Go(func() {
+		err := fn()
+		if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) &&
+			!errors.Is(err, context.Canceled) && !errors.Is(err, fleet.ErrRunning) {
+			select {
+			case s.errc <- err:
+			default:
+			}
+		}
+	})
+}
+
+// Err receives the first error a listener or the fleet's loop failed with.
+func (s *Server) Err() <-chan error { return s.errc }
+
+// Shutdown stops the picker: health answers NOT_SERVING, new streams are
+// refused, and the streams open (requests in flight, whose responses the
+// picker is echoing) get until ctx ends to finish; then they are cut. It
+// waits for everything Start started.
+func (s *Server) Shutdown(ctx context.Context) {
+	s.once.Do(func() {
+		s.health.Shutdown()
+		done := make(chan struct{})
+		go func() { s.grpc.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			s.grpc.Stop()
+			<-done
+		}
+		s.stopRest()
+	})
+}
+
+// Close stops everything at once, cutting open streams, and waits for
+// everything Start started.
+func (s *Server) Close() {
+	s.once.Do(func() {
+		s.grpc.Stop()
+		s.stopRest()
+	})
+}
+
+func (s *Server) stopRest() {
+	if s.metrics != nil {
+		s.metrics.Close()
+	}
+	s.cancel()
+	s.wg.Wait()
+}
