@@ -26,6 +26,7 @@ type benchFlags struct {
 }
 
 // parseBenchFlags parses the bench subcommand's flags and loads the workload.
+// One flag a line, as --help lists them: its length is the flags'.
 func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 	fs := flag.NewFlagSet("kvroute bench", flag.ContinueOnError)
 	fs.SetOutput(output)

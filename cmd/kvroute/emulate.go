@@ -33,7 +33,8 @@ type emulateConfig struct {
 }
 
 // parseEmulateFlags parses the emulate subcommand's flags. Flags that set
-// engine limits override the chosen profile's.
+// engine limits override the chosen profile's. One flag a line, as --help
+// lists them: its length is the flags'.
 func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 	fs := flag.NewFlagSet("kvroute emulate", flag.ContinueOnError)
 	fs.SetOutput(output)

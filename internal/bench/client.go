@@ -251,7 +251,10 @@ type streamChunk struct {
 	Error json.RawMessage `json:"error"`
 }
 
-// chat sends one streaming chat request and reads the reply.
+// chat sends one streaming chat request and reads the reply. It is a
+// little over a hundred lines because it classifies every way a stream can
+// end (whole, cut with an error event, cut silently, lost) where it reads
+// it, so that each outcome is decided in one place.
 func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs []message, maxTokens int) (results.Result, string) {
 	fields := map[string]any{
 		"model":          c.Model,

@@ -286,7 +286,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if p.allow(w, r, http.MethodGet, http.MethodHead) {
 			p.serveModels(w)
 		}
-	case "/healthz":
+	case "/healthz", "/health": // /health as vLLM and llama-server name it
 		if p.allow(w, r, http.MethodGet, http.MethodHead) {
 			writeText(w, http.StatusOK, "ok\n")
 		}

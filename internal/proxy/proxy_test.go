@@ -481,7 +481,7 @@ func TestHealthAndReady(t *testing.T) {
 		res.Body.Close()
 		return res.StatusCode
 	}
-	if get("/healthz") != 200 || get("/readyz") != 200 {
+	if get("/healthz") != 200 || get("/health") != 200 || get("/readyz") != 200 {
 		t.Error("a ready fleet is not healthy and ready")
 	}
 	f.notReady.Store(true)

@@ -107,7 +107,7 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 	}
 	path := r.URL.Path
 	switch {
-	case path == "/healthz" || path == "/readyz":
+	case path == "/healthz" || path == "/health" || path == "/readyz":
 		return r, true
 	case path == "/metrics" && s.metricsElsewhere:
 		p.reject(w, notFound(r))
@@ -229,7 +229,7 @@ func (p *Proxy) upstream(out *http.Request, b *fleet.Backend) *http.Request {
 func (p *Proxy) MetricsHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
-		case r.URL.Path == "/healthz":
+		case r.URL.Path == "/healthz" || r.URL.Path == "/health":
 			if p.allow(w, r, http.MethodGet, http.MethodHead) {
 				writeText(w, http.StatusOK, "ok\n")
 			}

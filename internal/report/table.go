@@ -40,6 +40,9 @@ type tableColumn struct {
 	format func(float64) string
 }
 
+// summaryTable is the summary table's columns and rows. It is one long
+// list of rows, one a line, in the order the page shows them: split, the
+// order would be harder to read than the function is long.
 func summaryTable(r *results.Report, styles []policyStyle) ([]column, []tableRow) {
 	succeeded := func(run results.Run) bool { return run.Summary.Requests-run.Summary.Errors > 0 }
 	latency := func(d func(results.Summary) time.Duration) func(results.Run) (float64, bool) {
