@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -207,10 +208,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 			}
 			return
 		}
-		if n == 1 && p.missesDeadline(w, t, c.deadline) {
+		if n == 1 && !c.held && p.missesDeadline(w, t, c.deadline) {
 			return
 		}
 		more := n < p.res.MaxAttempts && len(cands) > 1
+		c.holdable = c.req != nil && !c.held
 		f, abort := p.attempt(w, r, c, t, more && p.budget.allows())
 		if abort {
 			// Headers are sent, the body is cut short: all that is left is to
@@ -223,6 +225,17 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 		}
 		last, lastTicket = f, t
 		cands = router.Without(cands, t.Backend)
+		if f.kind == "status" && f.status == http.StatusTooManyRequests && !more && c.holdable {
+			// Every backend this request could try is full for now: hold it
+			// for the Retry-After, once, then try those that are back.
+			if cands = p.hold(r, c, f); len(cands) == 0 {
+				p.giveUp(w, t, f, n)
+				return
+			}
+			p.metrics.retries.WithLabelValues(t.Backend.Name, "held").Inc()
+			n = 0
+			continue
+		}
 		// A refused connection loads no backend: its retry is free.
 		free := f.kind == "dial"
 		if !more || r.Context().Err() != nil || (!free && !p.budget.acquire()) {
@@ -234,6 +247,28 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 		p.log.Warn("backend failed before answering, retrying on another",
 			"request_id", c.id, "backend", t.Backend.Name, "reason", f.kind, "status", f.status, "attempt", n, "err", f.err)
 	}
+}
+
+// maxHold bounds how long a request whose every candidate answered 429 is
+// held for their Retry-After: past a few seconds the client is better told.
+const maxHold = 5 * time.Second
+
+// hold waits out f's Retry-After (1 s if it gave none, at most maxHold),
+// unless the client leaves or the proxy stops first, and returns the
+// candidates for c's model then; none if it did not wait.
+func (p *Proxy) hold(r *http.Request, c *call, f *failure) []*fleet.Backend {
+	c.held = true
+	wait := min(cmp.Or(f.retryAfter, backoffFor), maxHold) + 50*time.Millisecond // past the backoff's end
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+		return nil
+	case <-p.stop.Done():
+		return nil
+	}
+	return p.fleet.Candidates(nil, c.req.Model)
 }
 
 // giveUp answers a request whose last attempt, at t's backend, failed with

@@ -88,7 +88,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	if res.StatusCode == http.StatusTooManyRequests {
 		p.fleet.Backoff(b, time.Now().Add(cmp.Or(wait, backoffFor)))
 	}
-	if canRetry && retriableStatus(res.StatusCode) {
+	if canRetry && retriableStatus(res.StatusCode) || c.holdable && res.StatusCode == http.StatusTooManyRequests {
 		p.metrics.failures.WithLabelValues(b.Name, "status").Inc()
 		return &failure{kind: "status", status: res.StatusCode, retryAfter: wait}, false
 	}

@@ -52,6 +52,9 @@ type call struct {
 	// retrying is set while the request holds a retry of the budget: from
 	// a failed attempt until the next one answers or fails.
 	retrying bool
+	// holdable is set while a 429 from the last backend tried may be held
+	// (hold) rather than passed on; held once it was.
+	holdable, held bool
 	// hideUsage is set when the proxy turned on stream_options.include_usage
 	// for a client that did not ask: its usage chunk is not forwarded.
 	hideUsage bool

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -135,6 +136,39 @@ func TestRetriesGiveUp(t *testing.T) {
 	// backends hang.
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("took %v", d)
+	}
+	assertIdle(t, b0, b1)
+}
+
+// When every backend a request can try answers 429, the request is held for
+// the Retry-After, once, and tried again: a backend that is full for a
+// second does not cost the client its request.
+func TestHoldsA429(t *testing.T) {
+	busy := func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}
+	var calls atomic.Int32
+	s0 := newServer(t, http.HandlerFunc(busy))
+	s1 := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			busy(w, r)
+			return
+		}
+		okStream(w, r)
+	}))
+	b0, b1 := testBackend(t, 0, "b0", s0.URL, "m"), testBackend(t, 1, "b1", s1.URL, "m")
+	p, px := newTestProxy(t, newFakeFleet(b0, b1), newFirstPolicy(), quick)
+	start := time.Now()
+	res, body := post(t, px.URL, "/v1/chat/completions", streamBody)
+	if res.StatusCode != 200 || res.Header.Get(HeaderBackend) != "b1" {
+		t.Fatalf("got %d from %s: %s; want 200 from b1 after the hold", res.StatusCode, res.Header.Get(HeaderBackend), body)
+	}
+	if d := time.Since(start); d < time.Second {
+		t.Errorf("answered after %v: the Retry-After of 1 s was not waited out", d)
+	}
+	if got := counterValue(t, p, "kvroute_retries_total", "backend", "b1", "reason", "held"); got != 1 {
+		t.Errorf("held = %v, want 1", got)
 	}
 	assertIdle(t, b0, b1)
 }
