@@ -1,7 +1,6 @@
 package epp
 
 import (
-	"encoding/json"
 	"strconv"
 	"strings"
 
@@ -96,22 +95,7 @@ func bodyChunks(response bool, b []byte, eos bool) []*extprocv3.ProcessingRespon
 // immediate is Envoy's local reply: status with an OpenAI-shaped JSON body,
 // and Retry-After (seconds) when not empty.
 func immediate(e *openai.Error, retryAfter string) *extprocv3.ProcessingResponse {
-	type body struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Param   *string `json:"param"`
-		Code    *string `json:"code"`
-	}
-	b := body{Message: e.Message, Type: e.Type}
-	if e.Param != "" {
-		b.Param = &e.Param
-	}
-	if e.Code != "" {
-		b.Code = &e.Code
-	}
-	data, _ := json.Marshal(struct { // strings and pointers to strings: cannot fail
-		Error body `json:"error"`
-	}{b})
+	data := e.JSON()
 	set := []*corev3.HeaderValueOption{setHeader("content-type", "application/json")}
 	if retryAfter != "" {
 		set = append(set, setHeader("retry-after", retryAfter))

@@ -12,23 +12,8 @@ import (
 // {"error": {"message", "type", "param", "code"}} with the given HTTP
 // status; param and code are null when empty.
 func WriteError(w http.ResponseWriter, status int, message, typ, param, code string) {
-	type body struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Param   *string `json:"param"`
-		Code    *string `json:"code"`
-	}
-	b := body{Message: message, Type: typ}
-	if param != "" {
-		b.Param = &param
-	}
-	if code != "" {
-		b.Code = &code
-	}
-	data, _ := json.Marshal(struct { // strings and pointers to strings: cannot fail
-		Error body `json:"error"`
-	}{b})
-	data = append(data, '\n')
+	e := Error{Status: status, Message: message, Type: typ, Param: param, Code: code}
+	data := append(e.JSON(), '\n')
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(data)))
@@ -67,9 +52,9 @@ func (e *Error) Write(w http.ResponseWriter) {
 	WriteError(w, e.Status, e.Message, e.Type, e.Param, e.Code)
 }
 
-// AppendEvent appends e as one server-sent event, `data: {"error":{…}}`
-// and a blank line: how vLLM reports an error once a stream has started.
-func (e *Error) AppendEvent(dst []byte) []byte {
+// JSON is e's body: {"error": {"message", "type", "param", "code"}},
+// param and code null when empty.
+func (e *Error) JSON() []byte {
 	type body struct {
 		Message string  `json:"message"`
 		Type    string  `json:"type"`
@@ -86,7 +71,13 @@ func (e *Error) AppendEvent(dst []byte) []byte {
 	data, _ := json.Marshal(struct { // strings and pointers to strings: cannot fail
 		Error body `json:"error"`
 	}{b})
+	return data
+}
+
+// AppendEvent appends e as one server-sent event, `data: {"error":{…}}`
+// and a blank line: how vLLM reports an error once a stream has started.
+func (e *Error) AppendEvent(dst []byte) []byte {
 	dst = append(dst, "data: "...)
-	dst = append(dst, data...)
+	dst = append(dst, e.JSON()...)
 	return append(dst, "\n\n"...)
 }
