@@ -126,7 +126,13 @@ func TestImmediateResponses(t *testing.T) {
 		})
 	}
 	// Once the held request's stream is gone, the endpoint takes requests
-	// again: its ticket was finished.
+	// again: its ticket was finished (the picker notices the cut stream on
+	// its own goroutine: wait for the load to be released).
+	for deadline := time.Now().Add(10 * time.Second); bs[0].Load().Requests != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("load %+v left after the held stream was cut", bs[0].Load())
+		}
+	}
 	res, err := env.do(ctx, "/v1/chat/completions", nil, chatBody(model(bs), []message{{"user", "hi"}}, 4))
 	if err != nil || res.status != http.StatusOK {
 		t.Fatalf("after the refusals: status %d, %v", res.status, err)
