@@ -227,13 +227,13 @@ func (s *Server) shutdown(ctx context.Context) error {
 	log := s.log
 	s.Proxy.Drain()
 	if d := s.cfg.DrainDelay; d > 0 {
-		log.Info("draining: /readyz answers 503, still accepting requests", "for", d)
+		log.Info("draining: /readyz answers 503, still accepting requests", "for", d.String())
 		select {
 		case <-time.After(d):
 		case <-ctx.Done():
 		}
 	}
-	log.Info("draining: no longer accepting; waiting for requests in flight", "grace", max(s.cfg.Grace, 0))
+	log.Info("draining: no longer accepting; waiting for requests in flight", "grace", max(s.cfg.Grace, 0).String())
 	graceCtx, cancel := context.WithTimeout(ctx, max(s.cfg.Grace, 0))
 	err := s.api.Shutdown(graceCtx)
 	cancel()
