@@ -37,6 +37,7 @@ type serveConfig struct {
 	logLevel       slog.Level
 	logFormat      logFormat
 	security       securityConfig // securityflags.go
+	tracing        tracingConfig  // tracingflags.go
 }
 
 // discoveryConfig is what the discovery flags decide: with a --config file
@@ -88,6 +89,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.Var(&cfg.logFormat, "log-format", logFormatUsage)
 	cfg.security.register(fs)   // securityflags.go
 	registerHardening(fs, &cfg) // hardenflags.go
+	cfg.tracing.register(fs)    // tracingflags.go
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute serve --backend URL [--backend URL ...] [flags]\n\n"+
 			"Serves the OpenAI API and routes every request to the backend where it is predicted to\n"+
@@ -152,6 +154,9 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	if err := cfg.security.resolve(cfg.backends); err != nil { // securityflags.go
 		return cfg, err
 	}
+	if _, err := cfg.tracing.exporterOptions(); err != nil { // tracingflags.go
+		return cfg, err
+	}
 	return cfg, nil
 }
 
@@ -196,6 +201,12 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	sc.Proxy = cfg.security.proxyConfig(proxy.Config{SessionHeader: cfg.sessionHeader, Logger: log, Transport: t,
 		Resilience: cfg.resilience, Overload: cfg.overload})
 	sc.TLS, sc.MetricsListen = cfg.security.serverTLS, cfg.security.metricsListen
+	tp, stopTracing, err := cfg.tracing.start(ctx) // tracingflags.go
+	if err != nil {
+		return err
+	}
+	defer stopTracing() // after the drain below: the last spans are flushed
+	sc.Proxy.TracerProvider = tp
 	if dc := cfg.discovery; dc.enabled() {
 		every := dc.configInterval
 		if every == 0 {

@@ -194,12 +194,13 @@ func (b *retryBudget) acquire() bool {
 // retry budget; once a byte reached the client the request is never resent.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands []*fleet.Backend) {
 	c.id = requestID(r)
+	p.traceCall(r, c) // tracing.go: model and session on the request's span
 	p.budget.start()
 	defer p.budget.active.Add(-1)
 	var last *failure
 	var lastTicket *router.Ticket
 	for n := 1; ; n++ {
-		t, e := p.route(c, cands)
+		t, e := p.tracedRoute(r.Context(), c, cands) // tracing.go: p.route in a span
 		if e != nil {
 			if last != nil {
 				p.giveUp(w, lastTicket, last, n-1)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -31,6 +33,7 @@ type attempt struct {
 	// "reset" or "read" (a gateway error); "" if it answered.
 	fail string
 	out  router.Outcome
+	span trace.Span // tracing.go; nil when tracing is off
 }
 
 // attempt forwards c to t's backend and copies the response to w. It
@@ -47,7 +50,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	// The upstream request ends with the client's (when the client goes
 	// away the transport closes the backend connection and the copy loop's
 	// read fails at once), at the watchdog's deadlines, and at shutdown.
-	ctx, cancel := context.WithCancelCause(r.Context())
+	ctx, cancel := context.WithCancelCause(a.traceStart(r.Context())) // tracing.go: the attempt's span
 	defer cancel(nil)
 	defer context.AfterFunc(p.stop, func() { cancel(errShutdown) })()
 	a.wd = newWatchdog(cancel)
@@ -55,7 +58,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	defer p.retried(c)
 	a.wd.arm(p.firstTokenDeadline(c, t), errFirstTokenTimeout)
 
-	res, err := p.transport.RoundTrip(p.upstream(upstreamRequest(ctx, r, b, c.body), b)) // security.go: credentials
+	res, err := p.transport.RoundTrip(a.traced(p.upstream(upstreamRequest(ctx, r, b, c.body), b))) // security.go: credentials; tracing.go: traceparent
 	if err != nil {
 		cause := context.Cause(ctx)
 		switch {

@@ -143,6 +143,7 @@ func (a *attempt) finish(ctx context.Context) {
 		}
 	}
 	a.t.Finish(*o)
+	a.traceEnd() // tracing.go
 	if p.log.Enabled(ctx, slog.LevelDebug) {
 		p.log.LogAttrs(ctx, slog.LevelDebug, "request", slog.String("request_id", a.c.id),
 			slog.String("backend", name),

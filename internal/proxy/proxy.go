@@ -37,6 +37,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -125,6 +126,9 @@ type Config struct {
 	// Security is who may use the proxy and what reaches the backends
 	// (security.go); the zero value is an open proxy.
 	Security Security
+	// TracerProvider, when not nil, traces every proxied request
+	// (tracing.go); nil means no tracing, at no cost.
+	TracerProvider trace.TracerProvider
 }
 
 // Proxy is the HTTP handler of the OpenAI API in front of the fleet. It is
@@ -152,6 +156,7 @@ type Proxy struct {
 	metricsPage   http.Handler // nil when the caller serves the metrics
 	created       int64        // Unix seconds, for /v1/models
 	sec           *security
+	tracer        trace.Tracer // tracing.go; nil: off
 }
 
 var _ http.Handler = (*Proxy)(nil)
@@ -229,6 +234,7 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p.created = p.now().Unix()
+	p.tracer = newTracer(cfg.TracerProvider)
 	return p, nil
 }
 
@@ -264,6 +270,7 @@ func NewTransport() *http.Transport {
 // ServeHTTP routes r to its endpoint.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tagRequest(w, r) // requestid.go: X-Request-Id
+	defer p.traceRequest(&w, &r)()
 	var ok bool
 	if r, ok = p.admit(w, r); !ok { // security.go: path, key, allow-list, rate
 		return
