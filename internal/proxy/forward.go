@@ -34,6 +34,7 @@ const (
 	endpointCompletion
 	endpointEmbedding
 	endpointOther
+	endpointResponses // POST /v1/responses, routed as chat is
 )
 
 // call is one client request on its way to a backend.
@@ -159,7 +160,7 @@ func (a *attempt) finish(ctx context.Context) {
 	}
 }
 
-// Non-streaming chat and completion bodies are kept, up to maxCaptureBytes,
+// Non-streaming chat, completion and Responses API bodies are kept, up to maxCaptureBytes,
 // to read their usage; buffers that grew past maxPooledCapture are not
 // pooled.
 const (

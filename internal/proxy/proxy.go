@@ -1,6 +1,6 @@
 // Package proxy is the OpenAI-compatible HTTP front of `kvroute serve`.
 //
-// For each chat or completion request it reads the body once into the
+// For each chat, completion or Responses API (/v1/responses) request it reads the body once into the
 // router's request facts (model, session key, the prompt rendered
 // canonically, max tokens), asks the routing policy to pick one of the
 // healthy backends that serve the model, counts the request on that backend
@@ -278,6 +278,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if p.allow(w, r, http.MethodPost) {
 			p.serveGeneration(w, r, endpointCompletion)
 		}
+	case "/v1/responses":
+		if p.allow(w, r, http.MethodPost) {
+			p.serveGeneration(w, r, endpointResponses)
+		}
 	case "/v1/embeddings":
 		if p.allow(w, r, http.MethodPost) {
 			p.serveByLoad(w, r, endpointEmbedding)
@@ -440,8 +444,8 @@ func (p *Proxy) candidates(w http.ResponseWriter, model string) ([]*fleet.Backen
 	return nil, modelNotFound(model)
 }
 
-// serveGeneration serves a chat or completion request: parse, route by the
-// policy, forward.
+// serveGeneration serves a chat, completion or Responses API request:
+// parse, route by the policy, forward.
 func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	body, e := p.readBody(w, r)
 	if e != nil {
@@ -464,9 +468,10 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep endpo
 		return
 	}
 	c := &call{ep: ep, req: &g.req, body: body, stream: g.stream, deadline: entry.Deadline}
-	if g.stream && !g.includeUsage {
+	if g.stream && !g.includeUsage && ep != endpointResponses {
 		// Ask for the usage chunk so that the router learns what the
-		// backend had cached; the client will not see it.
+		// backend had cached; the client will not see it. (A Responses
+		// API stream always ends with its usage, in response.completed.)
 		c.body, c.hideUsage = withIncludeUsage(body)
 	}
 	cands, e := p.candidates(w, g.req.Model)
