@@ -344,8 +344,11 @@ func (p *Proxy) allow(w http.ResponseWriter, r *http.Request, methods ...string)
 }
 
 // reject answers a request that goes to no backend with e, and counts it.
-func (p *Proxy) reject(w http.ResponseWriter, e *apiError) {
-	p.metrics.requests.WithLabelValues(noBackend, statusLabel(e.Status), noBackend).Inc()
+func (p *Proxy) reject(w http.ResponseWriter, e *apiError) { p.rejectFor(w, e, "") }
+
+// rejectFor is reject for a request for model ("" if unknown).
+func (p *Proxy) rejectFor(w http.ResponseWriter, e *apiError, model string) {
+	p.metrics.requests.WithLabelValues(noBackend, statusLabel(e.Status), noBackend, p.modelLabel(model)).Inc()
 	writeError(w, e)
 }
 
@@ -458,16 +461,16 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep endpo
 		return
 	}
 	if e := p.chargeTokens(w, r, &g.req); e != nil { // security.go: tokens per minute
-		p.reject(w, e)
+		p.rejectFor(w, e, g.req.Model)
 		return
 	}
 	p.router.Estimate(&g.req)
 	entry, e := p.entry(r, &g.req)
 	if e != nil {
-		p.reject(w, e)
+		p.rejectFor(w, e, g.req.Model)
 		return
 	}
-	c := &call{ep: ep, req: &g.req, body: body, stream: g.stream, deadline: entry.Deadline}
+	c := &call{ep: ep, req: &g.req, body: body, stream: g.stream, deadline: entry.Deadline, model: g.req.Model}
 	if g.stream && !g.includeUsage && ep != endpointResponses {
 		// Ask for the usage chunk so that the router learns what the
 		// backend had cached; the client will not see it. (A Responses
@@ -476,10 +479,10 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep endpo
 	}
 	cands, e := p.candidates(w, g.req.Model)
 	if e != nil {
-		p.reject(w, e)
+		p.rejectFor(w, e, g.req.Model)
 		return
 	}
-	cands, release, ok := p.admitGeneration(w, r, entry, cands)
+	cands, release, ok := p.admitGeneration(w, r, entry, cands, g.req.Model)
 	if !ok {
 		return
 	}
@@ -497,6 +500,7 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint)
 		return
 	}
 	var cands []*fleet.Backend
+	model := "" // the model label: a model the candidates serve
 	if ep == endpointEmbedding {
 		obj, e := jsonObject(body)
 		if e != nil {
@@ -509,14 +513,15 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint)
 			return
 		}
 		if cands, e = p.candidates(w, model); e != nil {
-			p.reject(w, e)
+			p.rejectFor(w, e, model)
 			return
 		}
 	} else {
-		if model := bodyModel(body); model != "" {
+		if model = bodyModel(body); model != "" {
 			cands = p.fleet.Candidates(nil, model)
 		}
 		if len(cands) == 0 {
+			model = ""
 			cands = p.fleet.Healthy(nil)
 		}
 		if len(cands) == 0 {
@@ -524,7 +529,7 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint)
 			return
 		}
 	}
-	p.forward(w, r, &call{ep: ep, body: body}, cands)
+	p.forward(w, r, &call{ep: ep, body: body, model: model}, cands)
 }
 
 // Drain makes /readyz answer 503 from now on, so that the load balancer in
