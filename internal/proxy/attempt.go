@@ -205,7 +205,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 			if last != nil {
 				p.giveUp(w, lastTicket, last, n-1)
 			} else {
-				p.reject(w, e)
+				p.rejectFor(w, e, c.model)
 			}
 			return
 		}
@@ -300,7 +300,7 @@ func (p *Proxy) giveUp(w http.ResponseWriter, t *router.Ticket, f *failure, n in
 		w.Header().Set("Retry-After", strconv.Itoa(int((f.retryAfter+time.Second-1)/time.Second)))
 	}
 	p.log.Warn("request failed", "request_id", w.Header().Get(HeaderRequestID), "backend", name, "reason", f.kind, "status", e.Status, "attempts", n, "err", f.err)
-	p.metrics.requests.WithLabelValues(name, statusLabel(e.Status), t.Reason).Inc()
+	p.metrics.requests.WithLabelValues(name, statusLabel(e.Status), t.Reason, cmp.Or(t.Request().Model, noBackend)).Inc()
 	setRouteHeaders(w, &t.Decision)
 	writeError(w, e)
 }

@@ -19,15 +19,17 @@ type generation struct {
 	includeUsage bool
 }
 
-// parseGeneration reads the body of a chat (endpointChat) or
-// completion (endpointCompletion) request in one pass. session is the
-// session header's value, which takes precedence over the body's keys.
+// parseGeneration reads the body of a chat (endpointChat), completion
+// (endpointCompletion) or Responses API (endpointResponses) request in one
+// pass. session is the session header's value, which takes precedence over
+// the body's keys (see sessionKey for their order).
 func parseGeneration(ep endpoint, body []byte, session string) (*generation, *apiError) {
 	obj, e := jsonObject(body)
 	if e != nil {
 		return nil, e
 	}
 	var model, messages, prompt, cacheKey, user, maxTokens, maxCompletion, stream, opts []byte
+	var input, instructions, maxOutput, previous, safety, metadata []byte
 	for m := range members(obj) {
 		v := obj[m.val:m.end]
 		switch {
@@ -49,6 +51,18 @@ func parseGeneration(ep endpoint, body []byte, session string) (*generation, *ap
 			stream = v
 		case m.is("stream_options"):
 			opts = v
+		case m.is("input"):
+			input = v
+		case m.is("instructions"):
+			instructions = v
+		case m.is("max_output_tokens"):
+			maxOutput = v
+		case m.is("previous_response_id"):
+			previous = v
+		case m.is("safety_identifier"):
+			safety = v
+		case m.is("metadata"):
+			metadata = v
 		}
 	}
 	g := &generation{}
@@ -67,6 +81,8 @@ func parseGeneration(ep endpoint, body []byte, session string) (*generation, *ap
 			return nil, badRequest("messages", "invalid type for 'messages': expected an array of messages")
 		}
 		dst, e = renderChat(dst, messages)
+	case endpointResponses:
+		dst, e = renderResponses(dst, instructions, input)
 	default:
 		if prompt == nil || isNull(prompt) {
 			return nil, badRequest("prompt", "'prompt' is a required property")
@@ -78,20 +94,47 @@ func parseGeneration(ep endpoint, body []byte, session string) (*generation, *ap
 	}
 	g.req.Prompt = string(dst)
 
-	g.req.SessionKey = session
-	if g.req.SessionKey == "" {
-		g.req.SessionKey = stringValue(cacheKey)
+	if ep != endpointResponses {
+		previous = nil // not a member of chat or completion requests
 	}
-	if g.req.SessionKey == "" {
-		g.req.SessionKey = stringValue(user)
-	}
+	g.req.SessionKey = sessionKey(session, cacheKey, previous, safety, user, metadata)
 	g.req.MaxTokens = max(intValue(maxCompletion), 0)
 	if g.req.MaxTokens == 0 {
 		g.req.MaxTokens = max(intValue(maxTokens), 0)
 	}
+	if ep == endpointResponses {
+		g.req.MaxTokens = max(intValue(maxOutput), 0)
+	}
 	g.stream = string(stream) == "true"
 	g.includeUsage = string(field(opts, "include_usage")) == "true"
 	return g, nil
+}
+
+// sessionKey picks the key that groups a request with the other turns of
+// its conversation, the first one present of: the session header; the
+// body's prompt_cache_key (the client's own cache-affinity key); the
+// Responses API's previous_response_id (the response this one continues,
+// stored by the backend that produced it); safety_identifier (OpenAI's
+// successor to user, hence before it); user; metadata.session_id;
+// metadata.conversation_id. Members that are not non-empty strings are
+// skipped.
+func sessionKey(header string, cacheKey, previous, safety, user, metadata []byte) string {
+	if header != "" {
+		return header
+	}
+	for _, v := range [...][]byte{cacheKey, previous, safety, user} {
+		if k := stringValue(v); k != "" {
+			return k
+		}
+	}
+	if isObject(metadata) {
+		for _, name := range [...]string{"session_id", "conversation_id"} {
+			if k := stringValue(field(metadata, name)); k != "" {
+				return k
+			}
+		}
+	}
+	return ""
 }
 
 // jsonObject checks that body is one JSON object and returns it.
@@ -194,6 +237,74 @@ func renderChat(dst, messages []byte) ([]byte, *apiError) {
 	}
 	if n == 0 {
 		return nil, badRequest("messages", "'messages' must contain at least one message")
+	}
+	return dst, nil
+}
+
+// renderResponses appends the canonical text of a Responses API request to
+// dst, in the form of renderChat so that a conversation that moves from
+// chat to responses keeps its prefix: instructions first as a system
+// message; then input, a string as one user message, or a list of items:
+// a message item ({"role", "content"}, with or without "type":"message") as
+// its role, a newline, its content (a string, or parts whose texts —
+// input_text, output_text, text — are joined by newlines and other parts
+// digested, as appendContent does), a newline; any other item
+// (function_call, function_call_output, reasoning, item_reference, ...) as
+// its type, a newline, the item as compact JSON, a newline, so that it
+// still counts in the prefix and differs where the model's input differs.
+// A missing or null input renders nothing (a request may continue a stored
+// response or a prompt template with none).
+func renderResponses(dst, instructions, input []byte) ([]byte, *apiError) {
+	switch {
+	case isString(instructions):
+		dst = append(dst, "system\n"...)
+		dst = appendString(dst, instructions)
+		dst = append(dst, '\n')
+	case instructions != nil && !isNull(instructions):
+		return nil, badRequest("instructions", "invalid type for 'instructions': expected a string")
+	}
+	switch {
+	case input == nil || isNull(input):
+		return dst, nil
+	case isString(input):
+		dst = append(dst, "user\n"...)
+		dst = appendString(dst, input)
+		return append(dst, '\n'), nil
+	case input[0] != '[':
+		return nil, badRequest("input", "invalid type for 'input': expected a string or an array of input items")
+	}
+	n := 0
+	for item := range elems(input) {
+		if !isObject(item) {
+			param := "input[" + strconv.Itoa(n) + "]"
+			return nil, badRequest(param, "invalid type for '%s': expected an input item object", param)
+		}
+		var typ, role, content []byte
+		for m := range members(item) {
+			v := item[m.val:m.end]
+			switch {
+			case m.is("type"):
+				typ = v
+			case m.is("role"):
+				role = v
+			case m.is("content"):
+				content = v
+			}
+		}
+		if isString(role) && (typ == nil || stringValue(typ) == "message") {
+			dst = appendString(dst, role)
+			dst = append(dst, '\n')
+			dst = appendContent(dst, content)
+			dst = append(dst, '\n')
+		} else {
+			if isString(typ) {
+				dst = appendString(dst, typ)
+			}
+			dst = append(dst, '\n')
+			dst = appendCompact(dst, item)
+			dst = append(dst, '\n')
+		}
+		n++
 	}
 	return dst, nil
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -34,6 +35,7 @@ const (
 	endpointCompletion
 	endpointEmbedding
 	endpointOther
+	endpointResponses // POST /v1/responses, routed as chat is
 )
 
 // call is one client request on its way to a backend.
@@ -60,6 +62,9 @@ type call struct {
 	hideUsage bool
 	// id is the request's ID (requestid.go), in every log line about it.
 	id string
+	// model is the request's model, "" if it named none the candidates
+	// serve: the model label of its metrics.
+	model string
 }
 
 // route asks the policy for a backend for a chat or completion request, and
@@ -67,7 +72,7 @@ type call struct {
 // counted there until its ticket is finished.
 func (p *Proxy) route(c *call, cands []*fleet.Backend) (*router.Ticket, *apiError) {
 	if c.req == nil {
-		t, err := p.byLoad.Route(&router.Request{}, cands)
+		t, err := p.byLoad.Route(&router.Request{Model: c.model}, cands)
 		if err != nil {
 			return nil, unavailable("no backend can take the request: %v", err)
 		}
@@ -122,17 +127,17 @@ func (a *attempt) finish(ctx context.Context) {
 	p, d, o := a.p, &a.t.Decision, &a.out
 	o.Latency = p.now().Sub(a.start)
 	a.report()
-	name := d.Backend.Name
+	name, model := d.Backend.Name, cmp.Or(a.c.model, noBackend)
 	m := p.metrics
 	if a.status != "" {
-		m.requests.WithLabelValues(name, a.status, d.Reason).Inc()
+		m.requests.WithLabelValues(name, a.status, d.Reason, model).Inc()
 	}
 	if a.c.req != nil {
 		if a.complete && o.Status/100 == 2 {
 			if a.first {
-				m.ttft.WithLabelValues(name).Observe(o.TTFT.Seconds())
+				m.ttft.WithLabelValues(name, model).Observe(o.TTFT.Seconds())
 			}
-			m.e2e.WithLabelValues(name).Observe(o.Latency.Seconds())
+			m.e2e.WithLabelValues(name, model).Observe(o.Latency.Seconds())
 		}
 		if o.CachedTokens >= 0 {
 			m.predicted.WithLabelValues(name).Add(float64(d.Cached))
@@ -160,7 +165,7 @@ func (a *attempt) finish(ctx context.Context) {
 	}
 }
 
-// Non-streaming chat and completion bodies are kept, up to maxCaptureBytes,
+// Non-streaming chat, completion and Responses API bodies are kept, up to maxCaptureBytes,
 // to read their usage; buffers that grew past maxPooledCapture are not
 // pooled.
 const (

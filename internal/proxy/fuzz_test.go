@@ -12,38 +12,50 @@ import (
 // each target for a few seconds (.ci/run).
 
 // FuzzParseGeneration feeds request bodies to the chat and completion
-// parser. It must not panic; it either accepts the body with a model, or
-// refuses it with a 4xx OpenAI error; and when it asks the backend for the
-// usage chunk the body it sends stays valid JSON.
+// parser, and the chat bodies to the Responses API parser too. It must not
+// panic; it either accepts the body with a model, or refuses it with a 4xx
+// OpenAI error; and when it asks the backend for the usage chunk the body
+// it sends stays valid JSON.
 func FuzzParseGeneration(f *testing.F) {
 	f.Add([]byte(chatBody), true, "")
 	f.Add([]byte(`{"model":"m","prompt":["a","b"],"max_tokens":3,"stream":true}`), false, "s")
+	f.Add([]byte(`{"model":"m","instructions":"S","input":[{"role":"user","content":[{"type":"input_text","text":"a"}]},`+
+		`{"type":"function_call","call_id":"c","arguments":"{}"}],"previous_response_id":"r","metadata":{"session_id":"s"}}`), true, "")
 	f.Fuzz(func(t *testing.T, body []byte, chat bool, session string) {
 		ep := endpointCompletion
 		if chat {
 			ep = endpointChat
 		}
-		g, e := parseGeneration(ep, body, session)
-		if e != nil {
-			if g != nil {
-				t.Fatal("both a result and an error")
-			}
-			assertAPIError(t, e)
-			return
-		}
-		if g.req.Model == "" {
-			t.Fatalf("accepted %q without a model", body)
-		}
-		if n := estimateTokens(&g.req); n < 0 {
-			t.Fatalf("estimated %d tokens", n)
-		}
-		if g.stream && !g.includeUsage {
-			out, _ := withIncludeUsage(body)
-			if json.Valid(body) && !json.Valid(out) {
-				t.Fatalf("withIncludeUsage(%q) = %q, not JSON", body, out)
-			}
+		fuzzGeneration(t, ep, body, session)
+		if chat {
+			fuzzGeneration(t, endpointResponses, body, session)
 		}
 	})
+}
+
+// fuzzGeneration checks parseGeneration's result for one body at ep.
+func fuzzGeneration(t *testing.T, ep endpoint, body []byte, session string) {
+	t.Helper()
+	g, e := parseGeneration(ep, body, session)
+	if e != nil {
+		if g != nil {
+			t.Fatal("both a result and an error")
+		}
+		assertAPIError(t, e)
+		return
+	}
+	if g.req.Model == "" {
+		t.Fatalf("accepted %q without a model", body)
+	}
+	if n := estimateTokens(&g.req); n < 0 {
+		t.Fatalf("estimated %d tokens", n)
+	}
+	if g.stream && !g.includeUsage {
+		out, _ := withIncludeUsage(body)
+		if json.Valid(body) && !json.Valid(out) {
+			t.Fatalf("withIncludeUsage(%q) = %q, not JSON", body, out)
+		}
+	}
 }
 
 // assertAPIError checks that e is a client error that renders as an

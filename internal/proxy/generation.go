@@ -5,8 +5,8 @@ import (
 	"github.com/kvroute/kvroute/internal/router"
 )
 
-// Generation is what a router front reads from the body of a chat or
-// completion request: the routing facts, and whether the response streams
+// Generation is what a router front reads from the body of a chat,
+// completion or Responses API request: the routing facts, and whether the response streams
 // and already carries its usage. The endpoint picker (internal/epp) reads
 // bodies with it, so that it and the proxy route the same request alike.
 type Generation struct {
@@ -20,14 +20,18 @@ type Generation struct {
 }
 
 // ParseGeneration reads the body of a request to path, which must be
-// /v1/chat/completions (any other path is read as /v1/completions), as the
-// proxy does. session is the session header's value (X-Session-ID by
-// default), which takes precedence over the body's prompt_cache_key and
-// user. The error is a 400 to answer the client with.
+// /v1/chat/completions or /v1/responses (any other path is read as
+// /v1/completions), as the proxy does. session is the session header's
+// value (X-Session-ID by default), which takes precedence over the body's
+// session keys (prompt_cache_key, previous_response_id, safety_identifier,
+// user, metadata). The error is a 400 to answer the client with.
 func ParseGeneration(path string, body []byte, session string) (*Generation, *openai.Error) {
 	ep := endpointCompletion
-	if path == "/v1/chat/completions" {
+	switch path {
+	case "/v1/chat/completions":
 		ep = endpointChat
+	case "/v1/responses":
+		ep = endpointResponses
 	}
 	g, e := parseGeneration(ep, body, session)
 	if e != nil {

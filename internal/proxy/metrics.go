@@ -7,14 +7,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Label values for requests that never reached a backend.
+// Label values for requests that never reached a backend, and of the model
+// label when the request named no model the fleet serves.
 const noBackend = "none"
 
 // metrics are the proxy's Prometheus metrics, all named kvroute_*.
 type metrics struct {
-	requests  *prometheus.CounterVec   // backend, status, reason
-	ttft      *prometheus.HistogramVec // backend
-	e2e       *prometheus.HistogramVec // backend
+	requests  *prometheus.CounterVec   // backend, status, reason, model
+	ttft      *prometheus.HistogramVec // backend, model
+	e2e       *prometheus.HistogramVec // backend, model
 	predicted *prometheus.CounterVec   // backend
 	reported  *prometheus.CounterVec   // backend
 	prompt    *prometheus.CounterVec   // backend
@@ -41,16 +42,17 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 	}
 	hist := func(name, help string, buckets []float64) *prometheus.HistogramVec {
-		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, backend)
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets},
+			[]string{"backend", "model"})
 	}
 	m := &metrics{
 		requests: counter("kvroute_requests_total",
-			`Requests answered, by backend ("none" if not routed), status ("499": the client went away) and routing reason.`,
-			[]string{"backend", "status", "reason"}),
+			`Requests answered, by backend ("none" if not routed), status ("499": the client went away), routing reason and model ("none" if the request named none the fleet serves).`,
+			[]string{"backend", "status", "reason", "model"}),
 		ttft: hist("kvroute_ttft_seconds",
-			"Time from routing to the first content chunk (streams) or the first body byte, of successful requests.", ttftBuckets),
+			"Time from routing to the first content chunk (streams) or the first body byte, of successful requests, by backend and model.", ttftBuckets),
 		e2e: hist("kvroute_e2e_seconds",
-			"Time from routing to the end of the response, of successful requests.", e2eBuckets),
+			"Time from routing to the end of the response, of successful requests, by backend and model.", e2eBuckets),
 		predicted: counter("kvroute_predicted_cached_tokens_total",
 			"Prompt tokens the policy expected the backend to have cached, over requests whose usage reported cached tokens.", backend),
 		reported: counter("kvroute_reported_cached_tokens_total",
@@ -86,7 +88,34 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 			return nil, fmt.Errorf("proxy: register metrics: %w", err)
 		}
 	}
+	// The backends known at start with the models they serve get their
+	// latency series at once (empty until requests come), so that a
+	// dashboard shows them before the first request. Backends and models
+	// found later get theirs with their first request.
+	for _, b := range f.Backends() {
+		if info := b.Info(); info != nil {
+			for _, model := range info.Models {
+				m.ttft.WithLabelValues(b.Name, model)
+				m.e2e.WithLabelValues(b.Name, model)
+			}
+		}
+	}
 	return m, nil
+}
+
+// modelLabel is the model label of a request for model: the model if some
+// backend of the fleet serves it, else "none", so that clients cannot add
+// series by naming models that do not exist.
+func (p *Proxy) modelLabel(model string) string {
+	if model == "" {
+		return noBackend
+	}
+	for _, b := range p.fleet.Backends() {
+		if info := b.Info(); info != nil && info.Serves(model) {
+			return model
+		}
+	}
+	return noBackend
 }
 
 // loadCollector exports the router's own in-flight accounting of every

@@ -93,17 +93,17 @@ func parseDeadline(s string) (time.Duration, error) {
 // admitGeneration waits until the request described by e may run on one of cands,
 // and returns the candidates with room and the release of its slot; or it
 // has answered the client (429 with Retry-After, or the client left).
-func (p *Proxy) admitGeneration(w http.ResponseWriter, r *http.Request, e admission.Entry, cands []*fleet.Backend) ([]*fleet.Backend, func(), bool) {
+func (p *Proxy) admitGeneration(w http.ResponseWriter, r *http.Request, e admission.Entry, cands []*fleet.Backend, model string) ([]*fleet.Backend, func(), bool) {
 	release, err := p.queue.Acquire(r.Context(), e, func() bool { return p.roomOn(cands) })
 	if err != nil {
 		if rej, ok := errors.AsType[*admission.Rejection](err); ok {
 			p.log.Info("request refused", "reason", rej.Err, "class", e.Class, "tenant", e.Tenant, "retry_after", rej.RetryAfter)
 			w.Header().Set("Retry-After", strconv.Itoa(rej.RetryAfterSeconds()))
-			p.reject(w, rej.OpenAI())
+			p.rejectFor(w, rej.OpenAI(), model)
 			return nil, nil, false
 		}
 		// The client went away while queued.
-		p.metrics.requests.WithLabelValues(noBackend, statusClientClosed, noBackend).Inc()
+		p.metrics.requests.WithLabelValues(noBackend, statusClientClosed, noBackend, p.modelLabel(model)).Inc()
 		return nil, nil, false
 	}
 	room := cands[:0:0]
@@ -147,7 +147,7 @@ func (p *Proxy) missesDeadline(w http.ResponseWriter, t *router.Ticket, deadline
 		t.PredictedTTFT.Round(time.Millisecond).String()
 	p.metrics.deadline.Inc()
 	w.Header().Set("Retry-After", strconv.Itoa(rej.RetryAfterSeconds()))
-	p.reject(w, e)
+	p.rejectFor(w, e, t.Request().Model)
 	return true
 }
 

@@ -1,6 +1,6 @@
 // Package proxy is the OpenAI-compatible HTTP front of `kvroute serve`.
 //
-// For each chat or completion request it reads the body once into the
+// For each chat, completion or Responses API (/v1/responses) request it reads the body once into the
 // router's request facts (model, session key, the prompt rendered
 // canonically, max tokens), asks the routing policy to pick one of the
 // healthy backends that serve the model, counts the request on that backend
@@ -285,6 +285,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if p.allow(w, r, http.MethodPost) {
 			p.serveGeneration(w, r, endpointCompletion)
 		}
+	case "/v1/responses":
+		if p.allow(w, r, http.MethodPost) {
+			p.serveGeneration(w, r, endpointResponses)
+		}
 	case "/v1/embeddings":
 		if p.allow(w, r, http.MethodPost) {
 			p.serveByLoad(w, r, endpointEmbedding)
@@ -347,8 +351,11 @@ func (p *Proxy) allow(w http.ResponseWriter, r *http.Request, methods ...string)
 }
 
 // reject answers a request that goes to no backend with e, and counts it.
-func (p *Proxy) reject(w http.ResponseWriter, e *apiError) {
-	p.metrics.requests.WithLabelValues(noBackend, statusLabel(e.Status), noBackend).Inc()
+func (p *Proxy) reject(w http.ResponseWriter, e *apiError) { p.rejectFor(w, e, "") }
+
+// rejectFor is reject for a request for model ("" if unknown).
+func (p *Proxy) rejectFor(w http.ResponseWriter, e *apiError, model string) {
+	p.metrics.requests.WithLabelValues(noBackend, statusLabel(e.Status), noBackend, p.modelLabel(model)).Inc()
 	writeError(w, e)
 }
 
@@ -447,8 +454,8 @@ func (p *Proxy) candidates(w http.ResponseWriter, model string) ([]*fleet.Backen
 	return nil, modelNotFound(model)
 }
 
-// serveGeneration serves a chat or completion request: parse, route by the
-// policy, forward.
+// serveGeneration serves a chat, completion or Responses API request:
+// parse, route by the policy, forward.
 func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	body, e := p.readBody(w, r)
 	if e != nil {
@@ -461,27 +468,28 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep endpo
 		return
 	}
 	if e := p.chargeTokens(w, r, &g.req); e != nil { // security.go: tokens per minute
-		p.reject(w, e)
+		p.rejectFor(w, e, g.req.Model)
 		return
 	}
 	p.router.Estimate(&g.req)
 	entry, e := p.entry(r, &g.req)
 	if e != nil {
-		p.reject(w, e)
+		p.rejectFor(w, e, g.req.Model)
 		return
 	}
-	c := &call{ep: ep, req: &g.req, body: body, stream: g.stream, deadline: entry.Deadline}
-	if g.stream && !g.includeUsage {
+	c := &call{ep: ep, req: &g.req, body: body, stream: g.stream, deadline: entry.Deadline, model: g.req.Model}
+	if g.stream && !g.includeUsage && ep != endpointResponses {
 		// Ask for the usage chunk so that the router learns what the
-		// backend had cached; the client will not see it.
+		// backend had cached; the client will not see it. (A Responses
+		// API stream always ends with its usage, in response.completed.)
 		c.body, c.hideUsage = withIncludeUsage(body)
 	}
 	cands, e := p.candidates(w, g.req.Model)
 	if e != nil {
-		p.reject(w, e)
+		p.rejectFor(w, e, g.req.Model)
 		return
 	}
-	cands, release, ok := p.admitGeneration(w, r, entry, cands)
+	cands, release, ok := p.admitGeneration(w, r, entry, cands, g.req.Model)
 	if !ok {
 		return
 	}
@@ -499,6 +507,7 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint)
 		return
 	}
 	var cands []*fleet.Backend
+	model := "" // the model label: a model the candidates serve
 	if ep == endpointEmbedding {
 		obj, e := jsonObject(body)
 		if e != nil {
@@ -511,14 +520,15 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint)
 			return
 		}
 		if cands, e = p.candidates(w, model); e != nil {
-			p.reject(w, e)
+			p.rejectFor(w, e, model)
 			return
 		}
 	} else {
-		if model := bodyModel(body); model != "" {
+		if model = bodyModel(body); model != "" {
 			cands = p.fleet.Candidates(nil, model)
 		}
 		if len(cands) == 0 {
+			model = ""
 			cands = p.fleet.Healthy(nil)
 		}
 		if len(cands) == 0 {
@@ -526,7 +536,7 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint)
 			return
 		}
 	}
-	p.forward(w, r, &call{ep: ep, body: body}, cands)
+	p.forward(w, r, &call{ep: ep, body: body, model: model}, cands)
 }
 
 // Drain makes /readyz answer 503 from now on, so that the load balancer in

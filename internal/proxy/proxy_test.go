@@ -879,9 +879,10 @@ func TestMetrics(t *testing.T) {
 	const reply = `{"choices":[],"usage":{"prompt_tokens":30,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":16}}}`
 	be, _ := recordingBackend(t, 200, http.Header{"Content-Type": {"application/json"}}, reply)
 	b0 := testBackend(t, 0, "b0", be.URL, "m")
+	b1 := testBackend(t, 1, "b1", "http://127.0.0.1:1", "m2") // known at start, never asked
 	pol := newFirstPolicy()
 	pol.prefix = 5
-	_, px := newTestProxy(t, newFakeFleet(b0), pol, nil)
+	_, px := newTestProxy(t, newFakeFleet(b0, b1), pol, nil)
 	post(t, px.URL, "/v1/chat/completions", chatBody)
 	post(t, px.URL, "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`)
 	px.await(t)
@@ -894,12 +895,14 @@ func TestMetrics(t *testing.T) {
 	page, _ := io.ReadAll(res.Body)
 	res.Body.Close()
 	for _, want := range []string{
-		`kvroute_requests_total{backend="b0",reason="first",status="200"} 1`,
-		`kvroute_requests_total{backend="none",reason="none",status="404"} 1`,
+		`kvroute_requests_total{backend="b0",model="m",reason="first",status="200"} 1`,
+		`kvroute_requests_total{backend="none",model="none",reason="none",status="404"} 1`,
 		`kvroute_inflight_requests{backend="b0"} 0`,
 		`kvroute_inflight_prefill_tokens{backend="b0"} 0`,
-		`kvroute_ttft_seconds_count{backend="b0"} 1`,
-		`kvroute_e2e_seconds_count{backend="b0"} 1`,
+		`kvroute_ttft_seconds_count{backend="b0",model="m"} 1`,
+		`kvroute_e2e_seconds_count{backend="b0",model="m"} 1`,
+		`kvroute_ttft_seconds_count{backend="b1",model="m2"} 0`,
+		`kvroute_e2e_seconds_count{backend="b1",model="m2"} 0`,
 		`kvroute_predicted_cached_tokens_total{backend="b0"} 5`,
 		`kvroute_reported_cached_tokens_total{backend="b0"} 16`,
 		`kvroute_prompt_tokens_total{backend="b0"} 30`,

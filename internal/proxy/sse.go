@@ -16,7 +16,10 @@ type usage struct {
 
 var noUsage = usage{-1, -1, -1}
 
-// parseUsage reads an OpenAI usage object. ok is false if v is not one.
+// parseUsage reads an OpenAI usage object: chat and completions'
+// (prompt_tokens, prompt_tokens_details.cached_tokens, completion_tokens)
+// or the Responses API's (input_tokens, input_tokens_details.cached_tokens,
+// output_tokens). ok is false if v is not an object.
 func parseUsage(v []byte) (u usage, ok bool) {
 	if !isObject(v) {
 		return noUsage, false
@@ -29,8 +32,12 @@ func parseUsage(v []byte) (u usage, ok bool) {
 			u.prompt = intValue(x)
 		case m.is("completion_tokens"):
 			u.completion = intValue(x)
-		case m.is("prompt_tokens_details"):
+		case m.is("prompt_tokens_details"), m.is("input_tokens_details"):
 			u.cached = intValue(field(x, "cached_tokens"))
+		case m.is("input_tokens"):
+			u.prompt = intValue(x)
+		case m.is("output_tokens"):
+			u.completion = intValue(x)
 		}
 	}
 	return u, true
@@ -38,7 +45,10 @@ func parseUsage(v []byte) (u usage, ok bool) {
 
 // eventScanner reads the OpenAI chunks of an event stream on their way to
 // the client: it counts the chunks that carry content, keeps the last usage
-// and notes [DONE]. When hideUsage is set the proxy asked for usage on the
+// and notes [DONE]. It reads the Responses API's typed events too: a
+// "response.….delta" event with a non-empty delta (output text, reasoning,
+// refusal, function call arguments) carries content, and the "response"
+// object of response.completed (or .incomplete, .failed) its usage. When hideUsage is set the proxy asked for usage on the
 // client's behalf, and the scanner says how to take it back out: drop the
 // usage-only chunk and cut `"usage":null` from the others.
 type eventScanner struct {
@@ -84,7 +94,7 @@ func (s *eventScanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 		if !isObject(data) {
 			continue
 		}
-		var choices []byte
+		var choices, typ, delta, resp []byte
 		var use member
 		hasUse := false
 		for m := range members(data) {
@@ -93,10 +103,23 @@ func (s *eventScanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 				choices = data[m.val:m.end]
 			case m.is("usage"):
 				use, hasUse = m, true
+			case m.is("type"):
+				typ = data[m.val:m.end]
+			case m.is("delta"):
+				delta = data[m.val:m.end]
+			case m.is("response"):
+				resp = data[m.val:m.end]
 			}
 		}
-		if hasContent(choices) {
+		if hasContent(choices) || isResponseDelta(typ, delta) {
 			s.tokens++
+		}
+		if isObject(resp) {
+			// A Responses API event: its usage is the response's, set in
+			// the events that end it.
+			if u, ok := parseUsage(field(resp, "usage")); ok {
+				s.usage, s.sawUsage = u, true
+			}
 		}
 		if !hasUse {
 			continue
@@ -114,6 +137,18 @@ func (s *eventScanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 		return true, 0, 0
 	}
 	return false, cutFrom, cutTo
+}
+
+// isResponseDelta reports whether a Responses API event of type typ (a raw
+// JSON string) with the delta member delta carries output: a
+// response.output_text.delta, response.reasoning_text.delta,
+// response.refusal.delta, response.function_call_arguments.delta and the
+// like, with a non-empty delta.
+func isResponseDelta(typ, delta []byte) bool {
+	// The raw string, compared without decoding: event types are plain
+	// ASCII names.
+	return len(typ) > len(`"response..delta"`) && nonEmpty(delta) &&
+		bytes.HasPrefix(typ, []byte(`"response.`)) && bytes.HasSuffix(typ, []byte(`.delta"`))
 }
 
 // memberSpan returns the bytes of obj to remove to delete member m and one

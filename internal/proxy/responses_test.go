@@ -1,0 +1,224 @@
+package proxy
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestRenderResponses(t *testing.T) {
+	tests := []struct {
+		name string
+		body string // members after "model"
+		want string
+	}{
+		{
+			name: "string input is one user message",
+			body: `"input":"Hi"`,
+			want: "user\nHi\n",
+		},
+		{
+			name: "instructions are a system message first",
+			body: `"input":"Hi","instructions":"Be brief."`,
+			want: "system\nBe brief.\nuser\nHi\n",
+		},
+		{
+			name: "message items, string and part contents",
+			body: `"input":[{"role":"user","content":"Hi"},
+				{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Hello","annotations":[]}]},
+				{"role":"user","content":[{"type":"input_text","text":"look"},{"type":"text","text":"here"}]}]`,
+			want: "user\nHi\nassistant\nHello\nuser\nlook\nhere\n",
+		},
+		{
+			name: "other items as their type and compact JSON",
+			body: `"input":[{"role":"user","content":"add"},
+				{"type":"function_call","call_id":"c1","name":"add","arguments":"{\"a\": 1}"},
+				{"type":"function_call_output", "call_id":"c1", "output":"2"}]`,
+			want: "user\nadd\n" +
+				"function_call\n" + `{"type":"function_call","call_id":"c1","name":"add","arguments":"{\"a\": 1}"}` + "\n" +
+				"function_call_output\n" + `{"type":"function_call_output","call_id":"c1","output":"2"}` + "\n",
+		},
+		{
+			name: "no input",
+			body: `"previous_response_id":"resp_1","instructions":"S"`,
+			want: "system\nS\n",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g, e := parseGeneration(endpointResponses, []byte(`{"model":"m",`+tt.body+`}`), "")
+			if e != nil {
+				t.Fatal(e)
+			}
+			if g.req.Prompt != tt.want {
+				t.Errorf("Prompt = %q, want %q", g.req.Prompt, tt.want)
+			}
+		})
+	}
+}
+
+// TestResponsesKeepChatPrefix: a conversation that moves from chat to
+// responses renders the same prefix.
+func TestResponsesKeepChatPrefix(t *testing.T) {
+	chat := chatPrompt(t, `{"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":"Hi"},
+		{"role":"assistant","content":"Hello"}]}`)
+	g, e := parseGeneration(endpointResponses, []byte(`{"model":"m","instructions":"S","input":[
+		{"role":"user","content":[{"type":"input_text","text":"Hi"}]},
+		{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Hello"}]},
+		{"role":"user","content":"More"}]}`), "")
+	if e != nil {
+		t.Fatal(e)
+	}
+	if !strings.HasPrefix(g.req.Prompt, chat) {
+		t.Errorf("responses prompt %q does not extend the chat prompt %q", g.req.Prompt, chat)
+	}
+}
+
+func TestResponsesFacts(t *testing.T) {
+	g, e := parseGeneration(endpointResponses, []byte(`{"model":"m","input":"x","max_output_tokens":7,"max_tokens":3,"stream":true}`), "")
+	if e != nil {
+		t.Fatal(e)
+	}
+	if g.req.Model != "m" || g.req.MaxTokens != 7 || !g.stream {
+		t.Errorf("facts %+v stream %v, want model m, max 7, streamed", g.req, g.stream)
+	}
+	for _, body := range []string{
+		`{"model":"m","input":3}`,
+		`{"model":"m","input":["a"]}`,
+		`{"model":"m","input":"x","instructions":1}`,
+		`{"input":"x"}`,
+	} {
+		if _, e := parseGeneration(endpointResponses, []byte(body), ""); e == nil || e.Status != http.StatusBadRequest {
+			t.Errorf("%s: error %v, want a 400", body, e)
+		}
+	}
+}
+
+func TestSessionKeyOrder(t *testing.T) {
+	all := `"prompt_cache_key":"pck","previous_response_id":"resp_1","safety_identifier":"safe","user":"u",` +
+		`"metadata":{"session_id":"ms","conversation_id":"mc"}`
+	tests := []struct {
+		ep      endpoint
+		header  string
+		members string
+		want    string
+	}{
+		{endpointResponses, "hdr", all, "hdr"},
+		{endpointResponses, "", all, "pck"},
+		{endpointResponses, "", `"previous_response_id":"resp_1","safety_identifier":"safe","user":"u"`, "resp_1"},
+		{endpointResponses, "", `"safety_identifier":"safe","user":"u"`, "safe"},
+		{endpointResponses, "", `"user":"u","metadata":{"session_id":"ms"}`, "u"},
+		{endpointResponses, "", `"metadata":{"session_id":"ms","conversation_id":"mc"}`, "ms"},
+		{endpointResponses, "", `"metadata":{"conversation_id":"mc"}`, "mc"},
+		{endpointResponses, "", `"prompt_cache_key":"","user":3,"metadata":"x"`, ""},
+		// Chat and completions have no previous_response_id.
+		{endpointChat, "", all, "pck"},
+		{endpointChat, "", `"previous_response_id":"resp_1","safety_identifier":"safe","user":"u"`, "safe"},
+		{endpointChat, "", `"user":"u","metadata":{"conversation_id":"mc"}`, "u"},
+		{endpointCompletion, "", `"metadata":{"conversation_id":"mc"}`, "mc"},
+	}
+	for _, tt := range tests {
+		body := `{"model":"m","input":"x","messages":[{"role":"user","content":"x"}],"prompt":"x",` + tt.members + `}`
+		g, e := parseGeneration(tt.ep, []byte(body), tt.header)
+		if e != nil {
+			t.Fatalf("%s: %v", body, e)
+		}
+		if g.req.SessionKey != tt.want {
+			t.Errorf("endpoint %d, header %q, %s: session %q, want %q", tt.ep, tt.header, tt.members, g.req.SessionKey, tt.want)
+		}
+	}
+}
+
+func TestScannerResponsesEvents(t *testing.T) {
+	var s eventScanner
+	for _, ev := range []string{
+		"event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"usage\":null}}\n\n",
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"\",\"item_id\":\"m\"}\n\n",
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\",\"item_id\":\"m\"}\n\n",
+		"event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"text\":\"Hi\"}\n\n",
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":12,\"input_tokens_details\":{\"cached_tokens\":8},\"output_tokens\":1,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":13}}}\n\n",
+	} {
+		if drop, from, to := s.inspect([]byte(ev)); drop || from != to {
+			t.Errorf("inspect(%q) = %v %d %d, want it forwarded whole", ev, drop, from, to)
+		}
+	}
+	if s.tokens != 1 || !s.sawUsage || s.usage != (usage{prompt: 12, cached: 8, completion: 1}) {
+		t.Errorf("tokens %d usage %+v (%v), want 1 token, usage 12/8/1", s.tokens, s.usage, s.sawUsage)
+	}
+}
+
+var responsesEvents = []string{
+	"event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"usage\":null}}\n\n",
+	"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n\n",
+	"event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":2,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"completed\",\"usage\":{\"input_tokens\":9,\"input_tokens_details\":{\"cached_tokens\":4},\"output_tokens\":1,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":10}}}\n\n",
+}
+
+const responsesBody = `{"id":"resp_2","object":"response","status":"completed","output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Hi"}]}],` +
+	`"usage":{"input_tokens":20,"input_tokens_details":{"cached_tokens":16},"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":22}}`
+
+func TestResponsesEndpoint(t *testing.T) {
+	upstream := make(chan string, 2)
+	be := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		data, _ := io.ReadAll(r.Body)
+		upstream <- r.URL.Path + " " + string(data)
+		if !strings.Contains(string(data), `"stream":true`) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, responsesBody)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, ev := range responsesEvents {
+			_, _ = io.WriteString(w, ev)
+			_ = http.NewResponseController(w).Flush()
+		}
+	}))
+	b0 := testBackend(t, 0, "b0", be.URL, "m")
+	pol := newFirstPolicy()
+	_, px := newTestProxy(t, newFakeFleet(b0), pol, nil)
+
+	t.Run("streamed", func(t *testing.T) {
+		body := `{"model":"m","instructions":"S","input":"Hi","stream":true,"max_output_tokens":5,"previous_response_id":"resp_0"}`
+		res, got := post(t, px.URL, "/v1/responses", body)
+		if res.StatusCode != http.StatusOK || got != strings.Join(responsesEvents, "") {
+			t.Errorf("status %d, body %q, want the events unchanged", res.StatusCode, got)
+		}
+		if up := <-upstream; up != "/v1/responses "+body {
+			t.Errorf("backend got %q, want the body unchanged", up)
+		}
+		o := pol.outcome(t)
+		if o.Request.SessionKey != "resp_0" || o.Request.MaxTokens != 5 || o.Request.Prompt != "system\nS\nuser\nHi\n" {
+			t.Errorf("request %+v", *o.Request)
+		}
+		if o.Tokens != 1 || o.TTFT <= 0 || o.PromptTokens != 9 || o.CachedTokens != 4 || o.CompletionTokens != 1 {
+			t.Errorf("outcome %+v, want 1 token, a TTFT, usage 9/4/1", o.Outcome)
+		}
+		px.await(t)
+		assertIdle(t, b0)
+	})
+	t.Run("not streamed", func(t *testing.T) {
+		body := `{"model":"m","input":[{"role":"user","content":"Hi"}]}`
+		res, got := post(t, px.URL, "/v1/responses", body)
+		if res.StatusCode != http.StatusOK || got != responsesBody {
+			t.Errorf("status %d, body %q", res.StatusCode, got)
+		}
+		<-upstream
+		o := pol.outcome(t)
+		if o.PromptTokens != 20 || o.CachedTokens != 16 || o.CompletionTokens != 2 {
+			t.Errorf("outcome %+v, want usage 20/16/2", o.Outcome)
+		}
+		px.await(t)
+		assertIdle(t, b0)
+	})
+	t.Run("stored responses are not served", func(t *testing.T) {
+		req, _ := http.NewRequest(http.MethodGet, px.URL+"/v1/responses/resp_1", nil)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusNotFound {
+			t.Errorf("GET /v1/responses/resp_1: status %d, want 404", res.StatusCode)
+		}
+	})
+}
