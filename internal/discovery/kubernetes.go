@@ -15,9 +15,10 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/watch"
+	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -54,14 +55,29 @@ type Kubernetes struct {
 	// Kubeconfig is a kubeconfig file; empty: the in-cluster config (the
 	// pod's service account). Ignored when Client is set.
 	Kubeconfig string
-	// Client talks to the API server; nil: built from Kubeconfig. Tests
-	// inject k8s.io/client-go/kubernetes/fake.
-	Client kubernetes.Interface
+	// Client talks to the API server; nil: built from Kubeconfig. A
+	// kubernetes.Interface is one; tests inject
+	// k8s.io/client-go/kubernetes/fake's clientset.
+	Client K8sClient
 	// Resync is the informer's resync period (default DefaultK8sResync);
 	// SyncTimeout bounds Resolve's wait for the first list (default
 	// DefaultK8sSyncTimeout).
 	Resync, SyncTimeout time.Duration
 }
+
+// K8sClient is the part of a kubernetes.Interface the source uses: only
+// the discovery.k8s.io/v1 client, so that kvroute links that API group's
+// client rather than every group's.
+type K8sClient interface {
+	DiscoveryV1() discoveryclient.DiscoveryV1Interface
+}
+
+// discoveryOnly is the K8sClient kvroute builds from a rest.Config.
+type discoveryOnly struct {
+	c *discoveryclient.DiscoveryV1Client
+}
+
+func (d discoveryOnly) DiscoveryV1() discoveryclient.DiscoveryV1Interface { return d.c }
 
 // ParseService parses a --k8s-service value, NAMESPACE/NAME. Errors wrap
 // ErrInvalidService.
@@ -80,15 +96,16 @@ func ParseService(s string) (namespace, name string, err error) {
 
 // k8sSource watches one Service's EndpointSlices through an informer.
 type k8sSource struct {
-	cfg     Kubernetes
-	factory informers.SharedInformerFactory
-	lister  discoverylisters.EndpointSliceNamespaceLister
-	synced  cache.InformerSynced
+	cfg      Kubernetes
+	informer cache.SharedIndexInformer
+	lister   discoverylisters.EndpointSliceNamespaceLister
+	synced   cache.InformerSynced
 	// changed gets a token whenever a slice is added, updated or deleted.
 	changed chan struct{}
 
 	startOnce, stopOnce sync.Once
 	stop                chan struct{}
+	wg                  sync.WaitGroup
 	handlerErr          error
 }
 
@@ -116,18 +133,31 @@ func newK8sSource(cfg Kubernetes) (*k8sSource, error) {
 			return nil, fmt.Errorf("kubernetes config: %w", err)
 		}
 		rc.UserAgent = "kvroute"
-		if cfg.Client, err = kubernetes.NewForConfig(rc); err != nil {
+		c, err := discoveryclient.NewForConfig(rc)
+		if err != nil {
 			return nil, fmt.Errorf("kubernetes client: %w", err)
 		}
+		cfg.Client = discoveryOnly{c}
 	}
 	selector := labels.Set{discoveryv1.LabelServiceName: cfg.Service}.AsSelector().String()
-	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.Resync,
-		informers.WithNamespace(cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
-	inf := factory.Discovery().V1().EndpointSlices()
-	s := &k8sSource{cfg: cfg, factory: factory, lister: inf.Lister().EndpointSlices(cfg.Namespace),
+	api := cfg.Client.DiscoveryV1().EndpointSlices(cfg.Namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = selector
+			return api.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = selector
+			return api.Watch(ctx, o)
+		},
+	}
+	// The client passed says whether it supports watch lists (the fake
+	// clientset does not).
+	informer := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, cfg.Client),
+		&discoveryv1.EndpointSlice{}, cfg.Resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	s := &k8sSource{cfg: cfg, informer: informer,
+		lister:  discoverylisters.NewEndpointSliceLister(informer.GetIndexer()).EndpointSlices(cfg.Namespace),
 		changed: make(chan struct{}, 1), stop: make(chan struct{})}
-	informer := inf.Informer()
 	s.synced = informer.HasSynced
 	notify := func(any) {
 		select {
@@ -145,14 +175,16 @@ func newK8sSource(cfg Kubernetes) (*k8sSource, error) {
 
 // start starts the informer once.
 func (s *k8sSource) start() {
-	s.startOnce.Do(func() { s.factory.Start(s.stop) })
+	s.startOnce.Do(func() {
+		s.wg.Go(func() { s.informer.Run(s.stop) })
+	})
 }
 
 // close stops the informer and waits for its goroutines.
 func (s *k8sSource) close() {
 	s.stopOnce.Do(func() {
 		close(s.stop)
-		s.factory.Shutdown()
+		s.wg.Wait()
 	})
 }
 
