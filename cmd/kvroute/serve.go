@@ -47,11 +47,26 @@ type discoveryConfig struct {
 	configInterval time.Duration
 	dns            stringList
 	dnsInterval    time.Duration
+	k8sService     string // NAMESPACE/NAME
+	k8sPortName    string
+	kubeconfig     string
 	fixed          []*fleet.Backend // the --backend flags: they stay
 }
 
 // enabled reports whether the fleet changes at run time.
-func (d *discoveryConfig) enabled() bool { return d.configPath != "" || len(d.dns) > 0 }
+func (d *discoveryConfig) enabled() bool {
+	return d.configPath != "" || len(d.dns) > 0 || d.k8sService != ""
+}
+
+// kubernetes is the Kubernetes source of the flags, nil without
+// --k8s-service (checked by parseServeFlags).
+func (d *discoveryConfig) kubernetes() *discovery.Kubernetes {
+	if d.k8sService == "" {
+		return nil
+	}
+	ns, name, _ := discovery.ParseService(d.k8sService)
+	return &discovery.Kubernetes{Namespace: ns, Service: name, PortName: d.k8sPortName, Kubeconfig: d.kubeconfig}
+}
 
 // stringList is a repeatable string flag.
 type stringList []string
@@ -75,6 +90,9 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.discovery.configInterval, "config-interval", discovery.DefaultFileInterval, "how often the --config file is checked for changed backends (also re-read on SIGHUP; 0: only on SIGHUP)")
 	fs.Var(&cfg.discovery.dns, "dns", "a DNS name whose addresses are backends, NAME[:PORT] (A/AAAA, port 8000 by default) or an SRV name starting with _ (repeatable)")
 	fs.DurationVar(&cfg.discovery.dnsInterval, "dns-interval", discovery.DefaultDNSInterval, "how often --dns names are resolved again")
+	fs.StringVar(&cfg.discovery.k8sService, "k8s-service", "", "a Kubernetes Service, NAMESPACE/NAME, whose ready endpoints (EndpointSlices, watched) are backends, named after their pods")
+	fs.StringVar(&cfg.discovery.k8sPortName, "k8s-port-name", "", "the EndpointSlice port of --k8s-service to use (default: each slice's first)")
+	fs.StringVar(&cfg.discovery.kubeconfig, "kubeconfig", "", "kubeconfig file for --k8s-service (default: the in-cluster service account)")
 	fs.StringVar(&cfg.policy, "policy", "kvroute", "routing policy: "+strings.Join(router.Names(), ", "))
 	fs.StringVar(&cfg.sessionHeader, "session-header", proxy.DefaultSessionHeader, "request header carrying the session key")
 	fs.DurationVar(&cfg.fleet.ScrapeInterval, "scrape-interval", time.Second, "how often backends' /metrics are scraped")
@@ -126,9 +144,14 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	if _, err := discovery.New(discovery.Config{DNS: cfg.discovery.dns}); err != nil {
 		return cfg, fmt.Errorf("--dns: %w", err)
 	}
+	if cfg.discovery.k8sService != "" {
+		if _, _, err := discovery.ParseService(cfg.discovery.k8sService); err != nil {
+			return cfg, fmt.Errorf("--k8s-service: %w", err)
+		}
+	}
 	switch {
-	case len(cfg.backends) == 0 && len(cfg.discovery.dns) == 0:
-		return cfg, errors.New("no backends: give --backend URL, --config FILE or --dns NAME")
+	case len(cfg.backends) == 0 && len(cfg.discovery.dns) == 0 && cfg.discovery.k8sService == "":
+		return cfg, errors.New("no backends: give --backend URL, --config FILE, --dns NAME or --k8s-service NAMESPACE/NAME")
 	case cfg.discovery.configInterval < 0 || cfg.discovery.dnsInterval <= 0:
 		return cfg, errors.New("--config-interval must not be negative and --dns-interval must be positive")
 	case cfg.fleet.ScrapeInterval <= 0 || cfg.fleet.HealthInterval <= 0 || cfg.fleet.Timeout <= 0:
@@ -213,7 +236,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 			every = -1 // only on SIGHUP
 		}
 		d, err := discovery.New(discovery.Config{Fixed: dc.fixed, File: dc.configPath, FileInterval: every,
-			DNS: dc.dns, DNSInterval: dc.dnsInterval, APIKey: cfg.security.backendAPIKey, Logger: log})
+			DNS: dc.dns, DNSInterval: dc.dnsInterval, Kubernetes: dc.kubernetes(), APIKey: cfg.security.backendAPIKey, Logger: log})
 		if err != nil {
 			return err
 		}

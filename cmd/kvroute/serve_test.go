@@ -39,6 +39,8 @@ func TestParseServeFlags(t *testing.T) {
 		{"dns only", []string{"--dns", "vllm.default.svc:8000", "--dns", "_http._tcp.sglang"}, "", 0},
 		{"bad dns name", []string{"--dns", "vllm:http"}, "--dns", 0},
 		{"bad dns interval", []string{"--dns", "vllm", "--dns-interval", "0s"}, "dns-interval", 0},
+		{"k8s only", []string{"--k8s-service", "ai/vllm", "--k8s-port-name", "http"}, "", 0},
+		{"bad k8s service", []string{"--k8s-service", "vllm"}, "--k8s-service", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

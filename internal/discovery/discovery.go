@@ -1,7 +1,8 @@
 // Package discovery keeps the set of backends kvroute routes to current
 // while it runs: the backends of a --config file, re-read when the file
-// changes or on SIGHUP, and the addresses DNS names resolve to, re-resolved
-// every interval; beside the --backend flags, which stay fixed. It produces
+// changes or on SIGHUP, the addresses DNS names resolve to, re-resolved
+// every interval, and the ready endpoints of a Kubernetes Service, watched
+// through its EndpointSlices; beside the --backend flags, which stay fixed. It produces
 // the desired set and hands it to an update function (the fleet's Update,
 // in internal/server); the fleet works out what came and went.
 package discovery
@@ -77,6 +78,9 @@ type Config struct {
 	DNSInterval time.Duration
 	// Resolver answers the DNS queries; nil means net.DefaultResolver.
 	Resolver Resolver
+	// Kubernetes, when not nil, adds the ready endpoints of one Service's
+	// EndpointSlices, followed by an informer (kubernetes.go).
+	Kubernetes *Kubernetes
 	// APIKey is sent to discovered backends that have no key of their own
 	// (--backend-api-key-env).
 	APIKey fleet.Secret
@@ -89,6 +93,7 @@ type Config struct {
 type Discovery struct {
 	cfg    Config
 	names  []dnsName
+	k8s    *k8sSource // nil without Config.Kubernetes
 	log    *slog.Logger
 	reload chan struct{}
 
@@ -102,6 +107,9 @@ type Discovery struct {
 	// dns: each name's last good answer, by position in names.
 	dns        [][]*fleet.Backend
 	dnsFailing []bool
+	// k8s: the endpoints last read from the informer's cache.
+	k8sBackend []*fleet.Backend
+	k8sFailing bool
 	// last is the identity of the set last handed out.
 	last string
 }
@@ -163,6 +171,13 @@ func New(cfg Config) (*Discovery, error) {
 	}
 	d.dns = make([][]*fleet.Backend, len(d.names))
 	d.dnsFailing = make([]bool, len(d.names))
+	if cfg.Kubernetes != nil {
+		s, err := newK8sSource(*cfg.Kubernetes)
+		if err != nil {
+			return nil, err
+		}
+		d.k8s = s
+	}
 	return d, nil
 }
 
@@ -176,23 +191,32 @@ func (d *Discovery) Reload() {
 }
 
 // Resolve reads every source now and returns the set: the file's backends,
-// the fixed ones, then each name's addresses, numbered 0..n-1 in that order
-// for fleet.New. The error joins the sources that failed; the set is what
-// the others gave.
+// the fixed ones, then each name's addresses, then the Kubernetes
+// endpoints, numbered 0..n-1 in that order for fleet.New. The error joins
+// the sources that failed; the set is what the others gave. With a
+// Kubernetes source, Resolve starts its informer and waits for its first
+// list (Run or Close stops it).
 func (d *Discovery) Resolve(ctx context.Context) ([]*fleet.Backend, error) {
 	errFile := d.readFile(true)
 	errDNS := d.resolveDNS(ctx)
+	errK8s := d.resolveK8s(ctx)
 	bs, _ := d.desired()
 	for i, b := range bs {
 		b.Index = i
 	}
-	return bs, errors.Join(errFile, errDNS)
+	return bs, errors.Join(errFile, errDNS, errK8s)
 }
 
 // Run keeps the set current until ctx ends, calling update with the whole
 // new set whenever it changes (not when a source is merely re-read). update
-// runs on Run's goroutine. Run returns nil when ctx ends.
+// runs on Run's goroutine. Run returns nil when ctx ends, having stopped
+// the Kubernetes informer.
 func (d *Discovery) Run(ctx context.Context, update func(context.Context, []*fleet.Backend)) error {
+	if d.k8s != nil {
+		d.k8s.start()
+		defer d.Close()
+	}
+	k8sC := d.k8sChanged()
 	var fileC, dnsC <-chan time.Time
 	if d.cfg.File != "" && d.cfg.FileInterval > 0 {
 		t := time.NewTicker(d.cfg.FileInterval)
@@ -212,10 +236,13 @@ func (d *Discovery) Run(ctx context.Context, update func(context.Context, []*fle
 			d.log.Info("discovery: reloading")
 			_ = d.readFile(true)
 			_ = d.resolveDNS(ctx)
+			_ = d.readK8s()
 		case <-fileC:
 			_ = d.readFile(false)
 		case <-dnsC:
 			_ = d.resolveDNS(ctx)
+		case <-k8sC:
+			_ = d.readK8s()
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -249,6 +276,9 @@ func (d *Discovery) desired() ([]*fleet.Backend, bool) {
 		for _, b := range answer {
 			add(b)
 		}
+	}
+	for _, b := range d.k8sBackend {
+		add(b)
 	}
 	var id strings.Builder
 	for _, b := range bs {
