@@ -145,44 +145,7 @@ func TestFleetGrowsAndShrinksUnderLoad(t *testing.T) {
 	}
 
 	// Steady streaming load from six clients until the end.
-	var (
-		requests, failures atomic.Int64
-		errMu              sync.Mutex
-		firstErr           string
-		wg                 sync.WaitGroup
-	)
-	stop := make(chan struct{})
-	client := &http.Client{Timeout: 30 * time.Second}
-	for g := range 6 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"client %d turn %d: %s"}],"max_tokens":40,"stream":true}`,
-					model, g, i, strings.Repeat("tell me about the fleet ", 20))
-				requests.Add(1)
-				if msg := streamOnce(client, s.URL, body); msg != "" {
-					failures.Add(1)
-					errMu.Lock()
-					if firstErr == "" {
-						firstErr = msg
-					}
-					errMu.Unlock()
-				}
-			}
-		})
-	}
-	defer func() {
-		close(stop)
-		wg.Wait()
-		if n := failures.Load(); n > 0 {
-			t.Errorf("%d of %d client requests failed; the first: %s", n, requests.Load(), firstErr)
-		}
-		t.Logf("%d requests", requests.Load())
-	}()
+	defer steadyLoad(t, s.URL, model, "tell me about the fleet ", 6)()
 
 	waitFor := func(what string, within time.Duration, ok func() bool) {
 		t.Helper()
@@ -347,5 +310,49 @@ func TestEmptyFleetAtStart(t *testing.T) {
 		if res.StatusCode != http.StatusServiceUnavailable {
 			t.Errorf("%s %s with no backends = %d, want 503", tt.method, tt.path, res.StatusCode)
 		}
+	}
+}
+
+// steadyLoad streams chat requests (prompts of topic) from clients
+// goroutines against url until the returned stop, which waits for them and
+// fails t if any request failed.
+func steadyLoad(t *testing.T, url, model, topic string, clients int) (stop func()) {
+	var (
+		requests, failures atomic.Int64
+		errMu              sync.Mutex
+		firstErr           string
+		wg                 sync.WaitGroup
+	)
+	done := make(chan struct{})
+	client := &http.Client{Timeout: 30 * time.Second}
+	for g := range clients {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"client %d turn %d: %s"}],"max_tokens":40,"stream":true}`,
+					model, g, i, strings.Repeat(topic, 20))
+				requests.Add(1)
+				if msg := streamOnce(client, url, body); msg != "" {
+					failures.Add(1)
+					errMu.Lock()
+					if firstErr == "" {
+						firstErr = msg
+					}
+					errMu.Unlock()
+				}
+			}
+		})
+	}
+	return func() {
+		close(done)
+		wg.Wait()
+		if n := failures.Load(); n > 0 {
+			t.Errorf("%d of %d client requests failed; the first: %s", n, requests.Load(), firstErr)
+		}
+		t.Logf("%d requests", requests.Load())
 	}
 }

@@ -4,11 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"net/http/httptest"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,44 +82,8 @@ func TestKubernetesFleetUnderLoad(t *testing.T) {
 		t.Fatalf("fleet starts with %d backends, want 2", n)
 	}
 
-	var (
-		requests, failures atomic.Int64
-		errMu              sync.Mutex
-		firstErr           string
-		wg                 sync.WaitGroup
-	)
-	stop := make(chan struct{})
-	client := &http.Client{Timeout: 30 * time.Second}
-	for g := range 6 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"client %d turn %d: %s"}],"max_tokens":40,"stream":true}`,
-					model, g, i, strings.Repeat("tell me about the pods ", 20))
-				requests.Add(1)
-				if msg := streamOnce(client, s.URL, body); msg != "" {
-					failures.Add(1)
-					errMu.Lock()
-					if firstErr == "" {
-						firstErr = msg
-					}
-					errMu.Unlock()
-				}
-			}
-		})
-	}
-	defer func() {
-		close(stop)
-		wg.Wait()
-		if n := failures.Load(); n > 0 {
-			t.Errorf("%d of %d client requests failed; the first: %s", n, requests.Load(), firstErr)
-		}
-		t.Logf("%d requests", requests.Load())
-	}()
+	// Steady streaming load from six clients until the end.
+	defer steadyLoad(t, s.URL, model, "tell me about the pods ", 6)()
 	waitFor := func(what string, within time.Duration, ok func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(within)
