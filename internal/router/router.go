@@ -23,7 +23,9 @@ type Request struct {
 	// Model is the requested model id.
 	Model string
 	// SessionKey groups the turns of one conversation (X-Session-ID, else
-	// prompt_cache_key, else user); empty when the client gave none.
+	// the body's keys in the proxy's order: prompt_cache_key,
+	// previous_response_id, safety_identifier, user, metadata); empty when
+	// the client gave none.
 	SessionKey string
 	// Prompt is the prompt rendered canonically: for chat, the role and
 	// content of every message in order; for completions, the prompt text.
@@ -32,10 +34,10 @@ type Request struct {
 	// MaxTokens is the requested output length; 0 when not given.
 	MaxTokens int
 
-	// The fields below are optional facts that a caller who has tokenized
-	// the prompt (the fleet simulator) may give, so that policies need not
+	// The fields below are facts that a caller who has tokenized the
+	// prompt (the fleet simulator) may give, so that policies need not
 	// estimate the length from Prompt or hash its text. The proxy leaves
-	// them zero.
+	// them zero, and the Router fills PromptTokens.
 
 	// PromptTokens is the prompt's length in tokens: exact when the caller
 	// counted it (positive before routing); otherwise Router.Route sets its
