@@ -467,11 +467,13 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep endpo
 		p.reject(w, e)
 		return
 	}
+	// One estimate of the prompt's tokens for the rate limit, admission,
+	// the policy and the load accounting.
+	p.router.Estimate(&g.req)
 	if e := p.chargeTokens(w, r, &g.req); e != nil { // security.go: tokens per minute
 		p.rejectFor(w, e, g.req.Model)
 		return
 	}
-	p.router.Estimate(&g.req)
 	entry, e := p.entry(r, &g.req)
 	if e != nil {
 		p.rejectFor(w, e, g.req.Model)

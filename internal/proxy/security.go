@@ -178,8 +178,8 @@ func (s *security) allowed(path string) (bool, []string) {
 }
 
 // chargeTokens takes a generation's tokens from its key's tokens-per-minute
-// allowance at admission: the prompt's estimated length (bytes over
-// router.TokenBytes, as the router estimates it) plus max_tokens. The
+// allowance at admission: the prompt's estimated length (the router's
+// estimate, set before this is called) plus max_tokens. The
 // estimate is charged, not the usage the backend reports later, so that a
 // limit holds before the work is done.
 func (p *Proxy) chargeTokens(w http.ResponseWriter, r *http.Request, req *router.Request) *apiError {
