@@ -133,30 +133,11 @@ func TestFleetGrowsAndShrinksUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := Start(ctx, Config{Discovery: d, Policy: "kvroute", Listen: "127.0.0.1:0", DrainDelay: -1,
-		Fleet:  fleet.Options{HealthInterval: 100 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond},
-		Logger: fleetLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if n := len(s.Fleet.Backends()); n != 2 {
-		t.Fatalf("fleet starts with %d backends, want 2", n)
-	}
+	s := startDiscovered(t, ctx, d)
 
 	// Steady streaming load from six clients until the end.
 	defer steadyLoad(t, s.URL, model, "tell me about the fleet ", 6)()
 
-	waitFor := func(what string, within time.Duration, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(within)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %v", what, within)
-			}
-			time.Sleep(5 * time.Millisecond) // polls state no event announces; bounded
-		}
-	}
 	// grown checks that the added backends are candidates within one
 	// resync interval (plus the slack) of the change, and take requests.
 	grown := func(how string, every time.Duration, change func(), added ...int) {
@@ -175,13 +156,13 @@ func TestFleetGrowsAndShrinksUnderLoad(t *testing.T) {
 		at := time.Now()
 		change()
 		for _, i := range added {
-			waitFor(fmt.Sprintf("%s: e%d a candidate", how, i), every+slack, func() bool { return candidate(i) })
+			waitWithin(t, fmt.Sprintf("%s: e%d a candidate", how, i), every+slack, func() bool { return candidate(i) })
 		}
 		ready := time.Since(at)
 		for _, i := range added {
 			// The policy chooses among the candidates: a new backend,
 			// empty and idle, is soon the cheapest.
-			waitFor(fmt.Sprintf("%s: e%d takes requests", how, i), 10*time.Second, func() bool { return emus[i].firstAt.Load() != 0 })
+			waitWithin(t, fmt.Sprintf("%s: e%d takes requests", how, i), 10*time.Second, func() bool { return emus[i].firstAt.Load() != 0 })
 			t.Logf("%s: e%d a candidate within %v, its first request %v after the change", how, i, ready.Round(time.Millisecond),
 				time.Unix(0, emus[i].firstAt.Load()).Sub(at).Round(time.Millisecond))
 		}
@@ -191,7 +172,7 @@ func TestFleetGrowsAndShrinksUnderLoad(t *testing.T) {
 	shrunk := func(how string, change func(), removed ...int) {
 		t.Helper()
 		for _, i := range removed {
-			waitFor(fmt.Sprintf("%s: e%d busy", how, i), 10*time.Second, func() bool { return emus[i].inFlight() > 0 })
+			waitWithin(t, fmt.Sprintf("%s: e%d busy", how, i), 10*time.Second, func() bool { return emus[i].inFlight() > 0 })
 		}
 		gone := func() bool {
 			for _, b := range s.Fleet.Backends() {
@@ -208,13 +189,13 @@ func TestFleetGrowsAndShrinksUnderLoad(t *testing.T) {
 			busy[i], finished[i] = emus[i].inFlight(), emus[i].finished.Load()
 		}
 		change()
-		waitFor(how+": removed from the fleet", 10*time.Second, gone)
+		waitWithin(t, how+": removed from the fleet", 10*time.Second, gone)
 		started := make([]int64, len(emus))
 		for _, i := range removed {
 			started[i] = emus[i].started.Load()
 		}
 		for _, i := range removed {
-			waitFor(fmt.Sprintf("%s: e%d's requests in flight finish", how, i), 10*time.Second,
+			waitWithin(t, fmt.Sprintf("%s: e%d's requests in flight finish", how, i), 10*time.Second,
 				func() bool { return emus[i].inFlight() == 0 })
 			// Every request in flight at the change finished (and the
 			// clients saw no error: checked at the end).
@@ -354,5 +335,35 @@ func steadyLoad(t *testing.T, url, model, topic string, clients int) (stop func(
 			t.Errorf("%d of %d client requests failed; the first: %s", n, requests.Load(), firstErr)
 		}
 		t.Logf("%d requests", requests.Load())
+	}
+}
+
+// startDiscovered starts kvroute on the backends d discovers, stopped at
+// the test's end, and checks that it starts with two.
+func startDiscovered(t *testing.T, ctx context.Context, d *discovery.Discovery) *Server {
+	t.Helper()
+	s, err := Start(ctx, Config{Discovery: d, Policy: "kvroute", Listen: "127.0.0.1:0", DrainDelay: -1,
+		Fleet:  fleet.Options{HealthInterval: 100 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond},
+		Logger: fleetLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if n := len(s.Fleet.Backends()); n != 2 {
+		t.Fatalf("fleet starts with %d backends, want 2", n)
+	}
+	return s
+}
+
+// waitWithin polls ok, state no event announces, until it holds; it fails
+// t if that takes longer than within.
+func waitWithin(t *testing.T, what string, within time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/emulator"
-	"github.com/kvroute/kvroute/internal/fleet"
 )
 
 // podSlice is the EndpointSlice of one pod of Service vllm in namespace
@@ -71,29 +70,10 @@ func TestKubernetesFleetUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := Start(ctx, Config{Discovery: d, Policy: "kvroute", Listen: "127.0.0.1:0", DrainDelay: -1,
-		Fleet:  fleet.Options{HealthInterval: 100 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond},
-		Logger: fleetLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if n := len(s.Fleet.Backends()); n != 2 {
-		t.Fatalf("fleet starts with %d backends, want 2", n)
-	}
+	s := startDiscovered(t, ctx, d)
 
 	// Steady streaming load from six clients until the end.
 	defer steadyLoad(t, s.URL, model, "tell me about the pods ", 6)()
-	waitFor := func(what string, within time.Duration, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(within)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %v", what, within)
-			}
-			time.Sleep(5 * time.Millisecond) // polls state no event announces; bounded
-		}
-	}
 	inFleet := func(i int) bool {
 		for _, b := range s.Fleet.Backends() {
 			if b.URL.String() == emus[i].srv.URL {
@@ -113,7 +93,7 @@ func TestKubernetesFleetUnderLoad(t *testing.T) {
 		}
 	}
 	for _, i := range []int{2, 3} {
-		waitFor(fmt.Sprintf("e%d a candidate", i), slack, func() bool {
+		waitWithin(t, fmt.Sprintf("e%d a candidate", i), slack, func() bool {
 			for _, b := range s.Fleet.Candidates(nil, model) {
 				if b.URL.String() == emus[i].srv.URL {
 					return b.Name == fmt.Sprintf("e%d", i)
@@ -123,14 +103,14 @@ func TestKubernetesFleetUnderLoad(t *testing.T) {
 		})
 	}
 	for _, i := range []int{2, 3} {
-		waitFor(fmt.Sprintf("e%d takes requests", i), 10*time.Second, func() bool { return emus[i].firstAt.Load() != 0 })
+		waitWithin(t, fmt.Sprintf("e%d takes requests", i), 10*time.Second, func() bool { return emus[i].firstAt.Load() != 0 })
 		t.Logf("scale up: e%d's first request %v after the change", i, time.Unix(0, emus[i].firstAt.Load()).Sub(at).Round(time.Millisecond))
 	}
 
 	// Scale down, while e0 and e1 have requests in flight: e0 starts
 	// terminating, e1's slice is deleted.
 	for _, i := range []int{0, 1} {
-		waitFor(fmt.Sprintf("e%d busy", i), 10*time.Second, func() bool { return emus[i].inFlight() > 0 })
+		waitWithin(t, fmt.Sprintf("e%d busy", i), 10*time.Second, func() bool { return emus[i].inFlight() > 0 })
 	}
 	busy, finished := make([]int64, 2), make([]int64, 2)
 	for _, i := range []int{0, 1} {
@@ -142,10 +122,10 @@ func TestKubernetesFleetUnderLoad(t *testing.T) {
 	if err := api.Delete(ctx, "vllm-e1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor("e0 and e1 removed", slack, func() bool { return !inFleet(0) && !inFleet(1) })
+	waitWithin(t, "e0 and e1 removed", slack, func() bool { return !inFleet(0) && !inFleet(1) })
 	started := []int64{emus[0].started.Load(), emus[1].started.Load()}
 	for _, i := range []int{0, 1} {
-		waitFor(fmt.Sprintf("e%d's requests in flight finish", i), 10*time.Second, func() bool { return emus[i].inFlight() == 0 })
+		waitWithin(t, fmt.Sprintf("e%d's requests in flight finish", i), 10*time.Second, func() bool { return emus[i].inFlight() == 0 })
 		if n := emus[i].finished.Load() - finished[i]; n < busy[i] {
 			t.Errorf("e%d finished %d requests of the %d in flight at its removal", i, n, busy[i])
 		}
