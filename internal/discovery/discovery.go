@@ -81,6 +81,9 @@ type Config struct {
 	// Kubernetes, when not nil, adds the ready endpoints of one Service's
 	// EndpointSlices, followed by an informer (kubernetes.go).
 	Kubernetes *Kubernetes
+	// Pool, when not nil, adds the ready pods an InferencePool selects, at
+	// its target ports, followed by informers (pool.go).
+	Pool *Pool
 	// APIKey is sent to discovered backends that have no key of their own
 	// (--backend-api-key-env).
 	APIKey fleet.Secret
@@ -93,9 +96,11 @@ type Config struct {
 type Discovery struct {
 	cfg    Config
 	names  []dnsName
-	k8s    *k8sSource // nil without Config.Kubernetes
+	k8s    []k8sWatch // the Kubernetes sources: Config.Kubernetes, Config.Pool
 	log    *slog.Logger
 	reload chan struct{}
+	// k8sC gets a token whenever a Kubernetes source's cache changes.
+	k8sC chan struct{}
 
 	mu sync.Mutex // guards the fields below
 	// file: the modification time and size last read, and its backends.
@@ -107,9 +112,9 @@ type Discovery struct {
 	// dns: each name's last good answer, by position in names.
 	dns        [][]*fleet.Backend
 	dnsFailing []bool
-	// k8s: the endpoints last read from the informer's cache.
-	k8sBackend []*fleet.Backend
-	k8sFailing bool
+	// k8s: the endpoints last read from each source's caches.
+	k8sBackend [][]*fleet.Backend
+	k8sFailing []bool
 	// last is the identity of the set last handed out.
 	last string
 }
@@ -158,7 +163,7 @@ func New(cfg Config) (*Discovery, error) {
 	if cfg.Resolver == nil {
 		cfg.Resolver = net.DefaultResolver
 	}
-	d := &Discovery{cfg: cfg, log: cfg.Logger, reload: make(chan struct{}, 1)}
+	d := &Discovery{cfg: cfg, log: cfg.Logger, reload: make(chan struct{}, 1), k8sC: make(chan struct{}, 1)}
 	if d.log == nil {
 		d.log = slog.Default()
 	}
@@ -172,12 +177,21 @@ func New(cfg Config) (*Discovery, error) {
 	d.dns = make([][]*fleet.Backend, len(d.names))
 	d.dnsFailing = make([]bool, len(d.names))
 	if cfg.Kubernetes != nil {
-		s, err := newK8sSource(*cfg.Kubernetes)
+		s, err := newK8sSource(*cfg.Kubernetes, d.k8sC)
 		if err != nil {
 			return nil, err
 		}
-		d.k8s = s
+		d.k8s = append(d.k8s, s)
 	}
+	if cfg.Pool != nil {
+		s, err := newPoolSource(*cfg.Pool, d.k8sC)
+		if err != nil {
+			return nil, err
+		}
+		d.k8s = append(d.k8s, s)
+	}
+	d.k8sBackend = make([][]*fleet.Backend, len(d.k8s))
+	d.k8sFailing = make([]bool, len(d.k8s))
 	return d, nil
 }
 
@@ -192,10 +206,10 @@ func (d *Discovery) Reload() {
 
 // Resolve reads every source now and returns the set: the file's backends,
 // the fixed ones, then each name's addresses, then the Kubernetes
-// endpoints, numbered 0..n-1 in that order for fleet.New. The error joins
-// the sources that failed; the set is what the others gave. With a
-// Kubernetes source, Resolve starts its informer and waits for its first
-// list (Run or Close stops it).
+// endpoints (a Service's, then an InferencePool's), numbered 0..n-1 in
+// that order for fleet.New. The error joins the sources that failed; the
+// set is what the others gave. With a Kubernetes source, Resolve starts
+// its informers and waits for their first lists (Run or Close stops them).
 func (d *Discovery) Resolve(ctx context.Context) ([]*fleet.Backend, error) {
 	errFile := d.readFile(true)
 	errDNS := d.resolveDNS(ctx)
@@ -212,11 +226,12 @@ func (d *Discovery) Resolve(ctx context.Context) ([]*fleet.Backend, error) {
 // runs on Run's goroutine. Run returns nil when ctx ends, having stopped
 // the Kubernetes informer.
 func (d *Discovery) Run(ctx context.Context, update func(context.Context, []*fleet.Backend)) error {
-	if d.k8s != nil {
-		d.k8s.start()
+	var k8sC <-chan struct{} // nil (never ready) without a Kubernetes source
+	if len(d.k8s) > 0 {
+		d.startK8s()
 		defer d.Close()
+		k8sC = d.k8sC
 	}
-	k8sC := d.k8sChanged()
 	var fileC, dnsC <-chan time.Time
 	if d.cfg.File != "" && d.cfg.FileInterval > 0 {
 		t := time.NewTicker(d.cfg.FileInterval)
@@ -277,7 +292,7 @@ func (d *Discovery) desired() ([]*fleet.Backend, bool) {
 			add(b)
 		}
 	}
-	for _, b := range d.k8sBackend {
+	for _, b := range d.k8sBackends() {
 		add(b)
 	}
 	var id strings.Builder

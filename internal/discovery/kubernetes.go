@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -20,9 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 )
@@ -100,18 +97,18 @@ type k8sSource struct {
 	informer cache.SharedIndexInformer
 	lister   discoverylisters.EndpointSliceNamespaceLister
 	synced   cache.InformerSynced
-	// changed gets a token whenever a slice is added, updated or deleted.
-	changed chan struct{}
-
-	startOnce, stopOnce sync.Once
-	stop                chan struct{}
-	wg                  sync.WaitGroup
-	handlerErr          error
+	informers
+	handlerErr error
 }
+
+var _ k8sWatch = (*k8sSource)(nil)
+
+// String names the source in logs.
+func (s *k8sSource) String() string { return "service " + s.cfg.Namespace + "/" + s.cfg.Service }
 
 // newK8sSource builds the client (unless injected) and the informer; it
 // does not start it.
-func newK8sSource(cfg Kubernetes) (*k8sSource, error) {
+func newK8sSource(cfg Kubernetes, changed chan struct{}) (*k8sSource, error) {
 	if cfg.Namespace == "" || cfg.Service == "" {
 		return nil, fmt.Errorf("%w: namespace and name are required", ErrInvalidService)
 	}
@@ -122,17 +119,10 @@ func newK8sSource(cfg Kubernetes) (*k8sSource, error) {
 		cfg.SyncTimeout = DefaultK8sSyncTimeout
 	}
 	if cfg.Client == nil {
-		var rc *rest.Config
-		var err error
-		if cfg.Kubeconfig != "" {
-			rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-		} else {
-			rc, err = rest.InClusterConfig()
-		}
+		rc, err := restConfig(cfg.Kubeconfig)
 		if err != nil {
-			return nil, fmt.Errorf("kubernetes config: %w", err)
+			return nil, err
 		}
-		rc.UserAgent = "kvroute"
 		c, err := discoveryclient.NewForConfig(rc)
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes client: %w", err)
@@ -157,35 +147,10 @@ func newK8sSource(cfg Kubernetes) (*k8sSource, error) {
 		&discoveryv1.EndpointSlice{}, cfg.Resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	s := &k8sSource{cfg: cfg, informer: informer,
 		lister:  discoverylisters.NewEndpointSliceLister(informer.GetIndexer()).EndpointSlices(cfg.Namespace),
-		changed: make(chan struct{}, 1), stop: make(chan struct{})}
+		informers: informers{stop: make(chan struct{})}}
 	s.synced = informer.HasSynced
-	notify := func(any) {
-		select {
-		case s.changed <- struct{}{}:
-		default:
-		}
-	}
-	_, s.handlerErr = informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    notify,
-		UpdateFunc: func(_, obj any) { notify(obj) },
-		DeleteFunc: notify,
-	})
+	s.handlerErr = s.watch(informer, changed)
 	return s, nil
-}
-
-// start starts the informer once.
-func (s *k8sSource) start() {
-	s.startOnce.Do(func() {
-		s.wg.Go(func() { s.informer.Run(s.stop) })
-	})
-}
-
-// close stops the informer and waits for its goroutines.
-func (s *k8sSource) close() {
-	s.stopOnce.Do(func() {
-		close(s.stop)
-		s.wg.Wait()
-	})
 }
 
 // waitSynced waits for the first list, within SyncTimeout and ctx.
@@ -280,55 +245,4 @@ func inRotation(c discoveryv1.EndpointConditions) bool {
 		return *b
 	}
 	return isTrue(c.Ready, true) && isTrue(c.Serving, true) && !isTrue(c.Terminating, false)
-}
-
-// readK8s re-reads the informer's cache into the Kubernetes part of the
-// set. Reading the cache costs no API call.
-func (d *Discovery) readK8s() error {
-	if d.k8s == nil {
-		return nil
-	}
-	bs, err := d.k8s.backends(d.cfg.APIKey)
-	d.mu.Lock()
-	d.k8sBackend = bs
-	first := err != nil && !d.k8sFailing
-	again := err == nil && d.k8sFailing
-	d.k8sFailing = err != nil
-	d.mu.Unlock()
-	if first {
-		d.log.Warn("discovery: some Kubernetes endpoints skipped", "service", d.k8s.cfg.Namespace+"/"+d.k8s.cfg.Service, "err", err)
-	} else if again {
-		d.log.Info("discovery: Kubernetes endpoints all usable again", "service", d.k8s.cfg.Namespace+"/"+d.k8s.cfg.Service)
-	}
-	return err
-}
-
-// resolveK8s starts the informer if needed, waits for its first list and
-// reads it.
-func (d *Discovery) resolveK8s(ctx context.Context) error {
-	if d.k8s == nil {
-		return nil
-	}
-	d.k8s.start()
-	if err := d.k8s.waitSynced(ctx); err != nil {
-		return err
-	}
-	return d.readK8s()
-}
-
-// Close stops what Resolve or Run started (the Kubernetes informer). Run
-// calls it when its ctx ends; call it after a Resolve that no Run follows.
-func (d *Discovery) Close() {
-	if d.k8s != nil {
-		d.k8s.close()
-	}
-}
-
-// k8sChanged is the channel Run selects on for Kubernetes changes; nil
-// (never ready) without the source.
-func (d *Discovery) k8sChanged() <-chan struct{} {
-	if d.k8s == nil {
-		return nil
-	}
-	return d.k8s.changed
 }

@@ -24,6 +24,11 @@ type Backend struct {
 	// answers 401 without it). Set it before the backend is used; it is
 	// redacted when printed.
 	APIKey Secret
+	// Labels describe the backend where its source knows them (an
+	// InferencePool's pods: their labels, such as model, accelerator or
+	// adapter set); nil otherwise. Set before the backend is used, never
+	// changed after.
+	Labels map[string]string
 
 	healthy atomic.Bool
 	info    atomic.Pointer[Info]
