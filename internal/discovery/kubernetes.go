@@ -146,7 +146,7 @@ func newK8sSource(cfg Kubernetes, changed chan struct{}) (*k8sSource, error) {
 	informer := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, cfg.Client),
 		&discoveryv1.EndpointSlice{}, cfg.Resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	s := &k8sSource{cfg: cfg, informer: informer,
-		lister:  discoverylisters.NewEndpointSliceLister(informer.GetIndexer()).EndpointSlices(cfg.Namespace),
+		lister:    discoverylisters.NewEndpointSliceLister(informer.GetIndexer()).EndpointSlices(cfg.Namespace),
 		informers: informers{stop: make(chan struct{})}}
 	s.synced = informer.HasSynced
 	s.handlerErr = s.watch(informer, changed)
