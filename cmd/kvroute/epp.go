@@ -20,9 +20,10 @@ import (
 
 // eppConfig is what the epp flags decide.
 type eppConfig struct {
-	server   epp.Config
-	grace    time.Duration
-	logLevel slog.Level
+	server    epp.Config
+	discovery discoveryConfig // discoveryflags.go
+	grace     time.Duration
+	logLevel  slog.Level
 }
 
 // eppGrace is how long requests in flight get on SIGTERM before their
@@ -30,7 +31,8 @@ type eppConfig struct {
 const eppGrace = 45 * time.Second
 
 // parseEppFlags parses the epp subcommand's flags. Endpoints come from
-// --endpoint ip:port, --backend URL, a --config file, or any of them.
+// --endpoint ip:port, --backend URL, a --config file, or the discovery
+// flags serve has (--pool-name, --k8s-service, --dns), or any of them.
 func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 	fs := flag.NewFlagSet("kvroute epp", flag.ContinueOnError)
 	fs.SetOutput(output)
@@ -43,7 +45,8 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 	sc, po := &cfg.server, &cfg.server.Picker
 	fs.Var(&endpoints, "endpoint", "an endpoint as ip:port, served over http (repeatable)")
 	fs.Var(&specs, "backend", "an endpoint as [name=]URL, as for serve (repeatable); Envoy is told its host:port")
-	fs.StringVar(&configPath, "config", "", "YAML file: backends: [{name, url, api_key_env}], and any flag below as a key")
+	fs.StringVar(&configPath, "config", "", "YAML file: backends: [{name, url, api_key_env}] (re-read when it changes), and any flag below as a key")
+	cfg.discovery.register(fs) // discoveryflags.go: --pool-name, --k8s-service, --dns, ...
 	fs.StringVar(&sc.GRPCListen, "grpc-listen", epp.DefaultGRPCListen, "address of the ext_proc and gRPC health services")
 	fs.StringVar(&sc.MetricsListen, "metrics-listen", "", "address of /metrics (empty: not served)")
 	fs.StringVar(&sc.Policy, "policy", "kvroute", "routing policy: "+strings.Join(router.Names(), ", "))
@@ -63,7 +66,7 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 	fs.DurationVar(&cfg.grace, "grace", eppGrace, "on SIGTERM, how long open streams get to finish")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: kvroute epp --endpoint IP:PORT [--endpoint IP:PORT ...] [flags]\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: kvroute epp --pool-name NAME [--pool-namespace NS] | --endpoint IP:PORT ... [flags]\n\n"+
 			"Serves the endpoint picker of the Gateway API Inference Extension: an Envoy external\n"+
 			"processor (ext_proc, FULL_DUPLEX_STREAMED bodies) that routes each request with kvroute's\n"+
 			"policy and answers with x-gateway-destination-endpoint. See docs/epp.md.\n\nFlags:\n")
@@ -80,6 +83,7 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 		return cfg, err
 	}
 	sc.Backends = backendsFile
+	cfg.discovery.configPath = configPath
 	for _, e := range endpoints {
 		if _, _, err := net.SplitHostPort(e); err != nil {
 			return cfg, fmt.Errorf("--endpoint %q: want ip:port: %v", e, err)
@@ -97,10 +101,14 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 			}
 		}
 		sc.Backends = append(sc.Backends, b)
+		cfg.discovery.fixed = append(cfg.discovery.fixed, b)
+	}
+	if err := cfg.discovery.validate(); err != nil {
+		return cfg, err
 	}
 	switch {
-	case len(sc.Backends) == 0:
-		return cfg, errors.New("no endpoints: give --endpoint IP:PORT, --backend URL or --config FILE")
+	case len(sc.Backends) == 0 && !cfg.discovery.dynamic():
+		return cfg, errors.New("no endpoints: give --pool-name NAME, --endpoint IP:PORT, --backend URL, --config FILE, --k8s-service NAMESPACE/NAME or --dns NAME")
 	case sc.Fleet.ScrapeInterval <= 0 || sc.Fleet.HealthInterval <= 0 || sc.Fleet.Timeout <= 0:
 		return cfg, errors.New("--scrape-interval, --health-interval and --probe-timeout must be positive")
 	case po.Fallbacks < 0:
@@ -140,6 +148,10 @@ func runEpp(args []string, _, stderr io.Writer) int {
 // ready is not nil it receives the gRPC address once the picker serves.
 func runPicker(ctx context.Context, cfg eppConfig, log *slog.Logger, ready chan<- string) error {
 	cfg.server.Logger = log
+	var err error
+	if cfg.server.Discovery, err = cfg.discovery.start(ctx, "", log); err != nil { // discoveryflags.go
+		return err
+	}
 	s, err := epp.Start(ctx, cfg.server)
 	if err != nil {
 		return err
@@ -155,7 +167,8 @@ func runPicker(ctx context.Context, cfg eppConfig, log *slog.Logger, ready chan<
 	if s.MetricsURL != "" {
 		log.Info("metrics serving", "url", s.MetricsURL+"/metrics")
 	}
-	log.Info("kvroute epp serving", "grpc", s.Addr, "policy", cfg.server.Policy, "endpoints", len(cfg.server.Backends))
+	log.Info("kvroute epp serving", "grpc", s.Addr, "policy", cfg.server.Policy, "endpoints", len(s.Fleet.Backends()),
+		"discovery", cfg.server.Discovery != nil)
 	if ready != nil {
 		ready <- s.Addr
 	}

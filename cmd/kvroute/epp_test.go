@@ -24,6 +24,30 @@ func TestParseEppFlags(t *testing.T) {
 				}
 			}},
 		{name: "none", args: nil, wantErr: "no endpoints"},
+		{name: "pool", args: []string{"--pool-name", "vllm-llama3-8b", "--pool-namespace", "ai"},
+			check: func(t *testing.T, c eppConfig) {
+				p := c.discovery.pool()
+				if p == nil || p.Name != "vllm-llama3-8b" || p.Namespace != "ai" || p.Group != "inference.networking.k8s.io" {
+					t.Errorf("pool %+v", p)
+				}
+				if !c.discovery.enabled() || len(c.server.Backends) != 0 {
+					t.Errorf("discovery %+v, backends %v", c.discovery, c.server.Backends)
+				}
+			}},
+		{name: "pool in the default namespace", args: []string{"--pool-name", "p"},
+			check: func(t *testing.T, c eppConfig) {
+				if p := c.discovery.pool(); p == nil || p.Namespace != "default" {
+					t.Errorf("pool %+v", p)
+				}
+			}},
+		{name: "service", args: []string{"--k8s-service", "ai/vllm", "--k8s-port-name", "http"},
+			check: func(t *testing.T, c eppConfig) {
+				if k := c.discovery.kubernetes(); k == nil || k.Service != "vllm" || k.PortName != "http" {
+					t.Errorf("kubernetes %+v", k)
+				}
+			}},
+		{name: "bad pool name", args: []string{"--pool-name", "Bad_Name"}, wantErr: "--pool-name"},
+		{name: "bad dns", args: []string{"--dns", "vllm:99999"}, wantErr: "--dns"},
 		{name: "not ip:port", args: []string{"--endpoint", "10.0.0.1"}, wantErr: "want ip:port"},
 		{name: "twice", args: []string{"--endpoint", "10.0.0.1:80", "--backend", "http://10.0.0.1"}, wantErr: "given twice"},
 		{name: "unknown policy", args: []string{"--endpoint", "10.0.0.1:80", "--policy", "nope"}, wantErr: "unknown policy"},

@@ -9,12 +9,9 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
@@ -40,34 +37,6 @@ type serveConfig struct {
 	tracing        tracingConfig  // tracingflags.go
 }
 
-// discoveryConfig is what the discovery flags decide: with a --config file
-// or a --dns name, the fleet follows them while kvroute runs.
-type discoveryConfig struct {
-	configPath     string
-	configInterval time.Duration
-	dns            stringList
-	dnsInterval    time.Duration
-	k8sService     string // NAMESPACE/NAME
-	k8sPortName    string
-	kubeconfig     string
-	fixed          []*fleet.Backend // the --backend flags: they stay
-}
-
-// enabled reports whether the fleet changes at run time.
-func (d *discoveryConfig) enabled() bool {
-	return d.configPath != "" || len(d.dns) > 0 || d.k8sService != ""
-}
-
-// kubernetes is the Kubernetes source of the flags, nil without
-// --k8s-service (checked by parseServeFlags).
-func (d *discoveryConfig) kubernetes() *discovery.Kubernetes {
-	if d.k8sService == "" {
-		return nil
-	}
-	ns, name, _ := discovery.ParseService(d.k8sService)
-	return &discovery.Kubernetes{Namespace: ns, Service: name, PortName: d.k8sPortName, Kubeconfig: d.kubeconfig}
-}
-
 // stringList is a repeatable string flag.
 type stringList []string
 
@@ -87,12 +56,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:8080", "address the OpenAI-compatible API listens on")
 	fs.Var(&specs, "backend", "a backend as [name=]URL, e.g. gpu0=http://127.0.0.1:8001 (repeatable)")
 	fs.StringVar(&configPath, "config", "", "YAML file: backends: [{name, url, api_key_env}], and any flag below as a key (first_token_floor: 15s)")
-	fs.DurationVar(&cfg.discovery.configInterval, "config-interval", discovery.DefaultFileInterval, "how often the --config file is checked for changed backends (also re-read on SIGHUP; 0: only on SIGHUP)")
-	fs.Var(&cfg.discovery.dns, "dns", "a DNS name whose addresses are backends, NAME[:PORT] (A/AAAA, port 8000 by default) or an SRV name starting with _ (repeatable)")
-	fs.DurationVar(&cfg.discovery.dnsInterval, "dns-interval", discovery.DefaultDNSInterval, "how often --dns names are resolved again")
-	fs.StringVar(&cfg.discovery.k8sService, "k8s-service", "", "a Kubernetes Service, NAMESPACE/NAME, whose ready endpoints (EndpointSlices, watched) are backends, named after their pods")
-	fs.StringVar(&cfg.discovery.k8sPortName, "k8s-port-name", "", "the EndpointSlice port of --k8s-service to use (default: each slice's first)")
-	fs.StringVar(&cfg.discovery.kubeconfig, "kubeconfig", "", "kubeconfig file for --k8s-service (default: the in-cluster service account)")
+	cfg.discovery.register(fs) // discoveryflags.go
 	fs.StringVar(&cfg.policy, "policy", "kvroute", "routing policy: "+strings.Join(router.Names(), ", "))
 	fs.StringVar(&cfg.sessionHeader, "session-header", proxy.DefaultSessionHeader, "request header carrying the session key")
 	fs.DurationVar(&cfg.fleet.ScrapeInterval, "scrape-interval", time.Second, "how often backends' /metrics are scraped")
@@ -141,19 +105,12 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 		cfg.backends = append(cfg.backends, b)
 		cfg.discovery.fixed = append(cfg.discovery.fixed, b)
 	}
-	if _, err := discovery.New(discovery.Config{DNS: cfg.discovery.dns}); err != nil {
-		return cfg, fmt.Errorf("--dns: %w", err)
-	}
-	if cfg.discovery.k8sService != "" {
-		if _, _, err := discovery.ParseService(cfg.discovery.k8sService); err != nil {
-			return cfg, fmt.Errorf("--k8s-service: %w", err)
-		}
+	if err := cfg.discovery.validate(); err != nil { // discoveryflags.go
+		return cfg, err
 	}
 	switch {
-	case len(cfg.backends) == 0 && len(cfg.discovery.dns) == 0 && cfg.discovery.k8sService == "":
-		return cfg, errors.New("no backends: give --backend URL, --config FILE, --dns NAME or --k8s-service NAMESPACE/NAME")
-	case cfg.discovery.configInterval < 0 || cfg.discovery.dnsInterval <= 0:
-		return cfg, errors.New("--config-interval must not be negative and --dns-interval must be positive")
+	case len(cfg.backends) == 0 && !cfg.discovery.dynamic():
+		return cfg, errors.New("no backends: give --backend URL, --config FILE, --dns NAME, --k8s-service NAMESPACE/NAME or --pool-name NAME")
 	case cfg.fleet.ScrapeInterval <= 0 || cfg.fleet.HealthInterval <= 0 || cfg.fleet.Timeout <= 0:
 		return cfg, errors.New("--scrape-interval, --health-interval and --probe-timeout must be positive")
 	case cfg.policyOpts.KVRoute.LoadFactor < 1:
@@ -230,30 +187,8 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	}
 	defer stopTracing() // after the drain below: the last spans are flushed
 	sc.Proxy.TracerProvider = tp
-	if dc := cfg.discovery; dc.enabled() {
-		every := dc.configInterval
-		if every == 0 {
-			every = -1 // only on SIGHUP
-		}
-		d, err := discovery.New(discovery.Config{Fixed: dc.fixed, File: dc.configPath, FileInterval: every,
-			DNS: dc.dns, DNSInterval: dc.dnsInterval, Kubernetes: dc.kubernetes(), APIKey: cfg.security.backendAPIKey, Logger: log})
-		if err != nil {
-			return err
-		}
-		sc.Discovery = d
-		hup := make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
-		defer signal.Stop(hup)
-		go func() {
-			for {
-				select {
-				case <-hup:
-					d.Reload()
-				case <-ctx.Done():
-					return
-				}
-			}
-		}()
+	if sc.Discovery, err = cfg.discovery.start(ctx, cfg.security.backendAPIKey, log); err != nil { // discoveryflags.go
+		return err
 	}
 	s, err := server.Start(ctx, sc)
 	if err != nil {

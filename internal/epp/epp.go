@@ -123,7 +123,6 @@ type Picker struct {
 	opts    Options
 	log     *slog.Logger
 	now     func() time.Time
-	addrs   map[string]*fleet.Backend // endpoint address → backend
 	metrics *metrics
 }
 
@@ -148,15 +147,12 @@ func New(opts Options) (*Picker, error) {
 		return nil, err
 	}
 	p := &Picker{fleet: opts.Fleet, router: opts.Router, queue: q, opts: opts,
-		log: opts.Logger, now: opts.Now, addrs: map[string]*fleet.Backend{}, metrics: newMetrics(opts.Admission.Registerer)}
+		log: opts.Logger, now: opts.Now, metrics: newMetrics(opts.Admission.Registerer)}
 	if p.log == nil {
 		p.log = slog.Default()
 	}
 	if p.now == nil {
 		p.now = time.Now
-	}
-	for _, b := range opts.Fleet.Backends() {
-		p.addrs[Address(b)] = b
 	}
 	return p, nil
 }

@@ -18,8 +18,10 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/server"
 )
 
 // DefaultGRPCListen is the GIE convention for the picker's port.
@@ -29,12 +31,17 @@ const DefaultGRPCListen = ":9002"
 // ext_proc service, liveness, readiness, and "" (the whole server).
 var healthServices = []string{"", "liveness", "readiness", extprocv3.ExternalProcessor_ServiceDesc.ServiceName}
 
-// Config describes an endpoint picker to start. Backends and Policy are
-// required.
+// Config describes an endpoint picker to start. Policy is required, and
+// Backends or Discovery.
 type Config struct {
 	// Backends are the endpoints (their Index fields numbering them
-	// 0..n-1); their URLs' host:port are what Envoy is told.
+	// 0..n-1); their URLs' host:port are what Envoy is told. With
+	// Discovery they are ignored.
 	Backends []*fleet.Backend
+	// Discovery, when not nil, keeps the endpoints current (an
+	// InferencePool's pods, a Service's EndpointSlices, DNS, a file), as
+	// for `kvroute serve` (server.CoreConfig).
+	Discovery *discovery.Discovery
 	// Fleet configures health checks, scrapes and outlier ejection.
 	Fleet fleet.Options
 	// Policy is the routing policy's name (router.Names); Router its
@@ -79,13 +86,20 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	cfg.Fleet.Logger = log
-	fl := fleet.New(cfg.Backends, cfg.Fleet)
-	cfg.Router.Metrics = fl.Metrics
-	rt, err := router.New(cfg.Policy, cfg.Backends, cfg.Router)
+	core, err := server.NewCore(ctx, server.CoreConfig{Backends: cfg.Backends, Discovery: cfg.Discovery,
+		Fleet: cfg.Fleet, Policy: cfg.Policy, Router: cfg.Router, Logger: log})
 	if err != nil {
 		return nil, err
 	}
+	fl, rt := core.Fleet, core.Router
+	// Until Run takes over the discovery, a failure below must stop its
+	// informers.
+	started := false
+	defer func() {
+		if !started && cfg.Discovery != nil {
+			cfg.Discovery.Close()
+		}
+	}()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	po := cfg.Picker
@@ -113,13 +127,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 
 	ctx, s.cancel = context.WithCancel(ctx)
-	fl.Refresh(ctx)
+	started = true
 	s.grpc = grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(s.grpc, pk)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
+	core.Run(ctx, s.goRun)
 	s.setHealth(fl.Ready())
-	s.goRun(func() error { return fl.Run(ctx) })
 	s.goRun(func() error { s.watchReady(ctx); return nil })
 	s.goRun(func() error { return s.grpc.Serve(ln) })
 	if mln != nil {

@@ -105,22 +105,12 @@ type Server struct {
 func Start(ctx context.Context, cfg Config) (*Server, error) {
 	cfg = withDefaults(cfg)
 	log := cfg.Logger
-	cfg.Fleet.Logger = log
-	if cfg.Discovery != nil {
-		bs, err := cfg.Discovery.Resolve(ctx)
-		if err != nil {
-			// A source that fails now may work later: Run keeps trying.
-			log.Warn("discovery: some sources failed at start", "err", err, "backends", len(bs))
-		}
-		cfg.Backends = bs
-	}
-	fl := fleet.New(cfg.Backends, cfg.Fleet)
-	cfg.Router.Metrics = fl.Metrics // for policies that read scraped load
-	rt, err := router.New(cfg.Policy, cfg.Backends, cfg.Router)
+	core, err := NewCore(ctx, CoreConfig{Backends: cfg.Backends, Discovery: cfg.Discovery, Fleet: cfg.Fleet,
+		Policy: cfg.Policy, Router: cfg.Router, Logger: log})
 	if err != nil {
 		return nil, err
 	}
-	fl.Watch(rt.SetBackends) // the policy grows before a new backend is a candidate
+	fl, rt := core.Fleet, core.Router
 	cfg.Proxy.Fleet, cfg.Proxy.Router = fl, rt
 	if cfg.Proxy.Logger == nil {
 		cfg.Proxy.Logger = log
@@ -152,18 +142,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 
 	ctx, s.cancel = context.WithCancel(ctx)
-	fl.Refresh(ctx)
+	core.Run(ctx, s.goRun)
 	s.api = &http.Server{Handler: px, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		ReadHeaderTimeout: max(cfg.ReadHeaderTimeout, 0), IdleTimeout: max(cfg.IdleTimeout, 0)}
-	s.goRun(func() error { return fl.Run(ctx) })
-	if d := cfg.Discovery; d != nil {
-		s.goRun(func() error {
-			return d.Run(ctx, func(ctx context.Context, bs []*fleet.Backend) {
-				added, removed := fl.Update(ctx, bs)
-				log.Info("fleet changed", "backends", len(fl.Backends()), "added", len(added), "removed", len(removed))
-			})
-		})
-	}
 	s.goRun(func() error { return s.api.Serve(ln) })
 	if mln != nil {
 		s.metrics = &http.Server{Handler: px.MetricsHandler(), ReadHeaderTimeout: DefaultReadHeaderTimeout}

@@ -1,0 +1,91 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/kvroute/kvroute/internal/discovery"
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/router"
+)
+
+// CoreConfig describes what every router front shares: the fleet, where
+// its backends come from, and the policy. Policy is required, and Backends
+// or Discovery.
+type CoreConfig struct {
+	// Backends are the fleet (their Index fields numbering them 0..n-1).
+	// With Discovery they are ignored: the fleet starts as Discovery
+	// resolves it.
+	Backends []*fleet.Backend
+	// Discovery, when not nil, keeps the fleet current: NewCore resolves
+	// it once for the initial fleet, Run runs its loop, each change
+	// applied with fleet.Fleet.Update and told to the policy.
+	Discovery *discovery.Discovery
+	// Fleet configures health checks, scrapes and outlier ejection.
+	Fleet fleet.Options
+	// Policy is the routing policy's name (router.Names); Router its
+	// options (Metrics is filled in from the fleet).
+	Policy string
+	Router router.Options
+	// Logger receives the fleet's and discovery's logs; nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Core is the fleet and the router over it, as `kvroute serve` and
+// `kvroute epp` both run them.
+type Core struct {
+	Fleet  *fleet.Fleet
+	Router *router.Router
+
+	discovery *discovery.Discovery
+	log       *slog.Logger
+}
+
+// NewCore resolves the discovery (if any) and builds the fleet and the
+// router, the router told of every change of the fleet before a new
+// backend is a candidate. Nothing runs until Run.
+func NewCore(ctx context.Context, cfg CoreConfig) (*Core, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg.Fleet.Logger = log
+	if cfg.Discovery != nil {
+		bs, err := cfg.Discovery.Resolve(ctx)
+		if err != nil {
+			// A source that fails now may work later: Run keeps trying.
+			log.Warn("discovery: some sources failed at start", "err", err, "backends", len(bs))
+		}
+		cfg.Backends = bs
+	}
+	fl := fleet.New(cfg.Backends, cfg.Fleet)
+	cfg.Router.Metrics = fl.Metrics // for policies that read scraped load
+	rt, err := router.New(cfg.Policy, cfg.Backends, cfg.Router)
+	if err != nil {
+		if cfg.Discovery != nil {
+			cfg.Discovery.Close()
+		}
+		return nil, err
+	}
+	fl.Watch(rt.SetBackends) // the policy grows before a new backend is a candidate
+	return &Core{Fleet: fl, Router: rt, discovery: cfg.Discovery, log: log}, nil
+}
+
+// Discovered reports whether discovery keeps the fleet current.
+func (c *Core) Discovered() bool { return c.discovery != nil }
+
+// Run checks every backend once, then starts, with goRun, the fleet's
+// health and scrape loops and the discovery's loop, all until ctx ends.
+func (c *Core) Run(ctx context.Context, goRun func(func() error)) {
+	c.Fleet.Refresh(ctx)
+	goRun(func() error { return c.Fleet.Run(ctx) })
+	if d := c.discovery; d != nil {
+		goRun(func() error {
+			return d.Run(ctx, func(ctx context.Context, bs []*fleet.Backend) {
+				added, removed := c.Fleet.Update(ctx, bs)
+				c.log.Info("fleet changed", "backends", len(c.Fleet.Backends()), "added", len(added), "removed", len(removed))
+			})
+		})
+	}
+}
