@@ -37,6 +37,7 @@ const deployDir = "../../deploy"
 type manifests struct {
 	objects  map[string]runtime.Object // "Kind/name"
 	monitors map[string]map[string]any // name
+	pools    map[string]*inferencePool  // name (epp_deploy_test.go)
 	files    map[string]bool           // manifest files, relative to deploy/
 }
 
@@ -61,7 +62,7 @@ func loadManifests(t *testing.T) *manifests {
 		}
 	}
 	strict := kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, scheme, scheme, kjson.SerializerOptions{Yaml: true, Strict: true})
-	m := &manifests{objects: map[string]runtime.Object{}, monitors: map[string]map[string]any{}, files: map[string]bool{}}
+	m := &manifests{objects: map[string]runtime.Object{}, monitors: map[string]map[string]any{}, pools: map[string]*inferencePool{}, files: map[string]bool{}}
 	err := filepath.WalkDir(deployDir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".yaml") || d.Name() == "kustomization.yaml" {
 			return err
@@ -95,6 +96,13 @@ func loadManifests(t *testing.T) *manifests {
 				}
 				checkServiceMonitor(t, rel, sm)
 				m.monitors[str(sm, "metadata", "name")] = sm
+				continue
+			case runtime.IsNotRegisteredError(err) && gvk != nil && gvk.Group == "inference.networking.k8s.io" && gvk.Kind == "InferencePool":
+				if p, err := decodeInferencePool(doc); err != nil {
+					t.Errorf("%s #%d: %v", rel, n, err)
+				} else {
+					m.pools[p.Metadata.Name] = p
+				}
 				continue
 			case err != nil:
 				t.Errorf("%s #%d: %v", rel, n, err)
@@ -408,7 +416,7 @@ func TestDeployManifests(t *testing.T) {
 
 	t.Run("kustomizations", func(t *testing.T) {
 		listed := map[string]bool{}
-		for _, dir := range []string{".", "monitoring"} {
+		for _, dir := range []string{".", "monitoring", "epp"} {
 			data, err := os.ReadFile(filepath.Join(deployDir, dir, "kustomization.yaml"))
 			if err != nil {
 				t.Fatal(err)
