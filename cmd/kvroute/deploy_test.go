@@ -37,7 +37,7 @@ const deployDir = "../../deploy"
 type manifests struct {
 	objects  map[string]runtime.Object // "Kind/name"
 	monitors map[string]map[string]any // name
-	pools    map[string]*inferencePool  // name (epp_deploy_test.go)
+	pools    map[string]*inferencePool // name (epp_deploy_test.go)
 	files    map[string]bool           // manifest files, relative to deploy/
 }
 
