@@ -63,6 +63,7 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 	fs.Float64Var(&sc.Router.KVRoute.LoadFactor, "load-factor", 2, "kvroute: no endpoint takes more than this × the mean in-flight requests (+4)")
 	fs.IntVar(&sc.Router.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
 	fs.Uint64Var(&sc.Router.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
+	registerResponsePins(fs, &sc.Router)
 	fs.DurationVar(&cfg.grace, "grace", eppGrace, "on SIGTERM, how long open streams get to finish")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
 	fs.Usage = func() {
@@ -122,6 +123,9 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 	}
 	if po.Admission.MaxQueue == 0 {
 		po.Admission.MaxQueue = -1 // on the command line 0 means none
+	}
+	if err := responsePinsFlag(&sc.Router); err != nil {
+		return cfg, err
 	}
 	if _, err := router.New(sc.Policy, sc.Backends, sc.Router); err != nil {
 		return cfg, err
@@ -183,5 +187,23 @@ func runPicker(ctx context.Context, cfg eppConfig, log *slog.Logger, ready chan<
 	defer cancel()
 	s.Shutdown(gctx)
 	log.Info("stopped")
+	return nil
+}
+
+// registerResponsePins defines --response-pins, for serve and epp.
+func registerResponsePins(fs *flag.FlagSet, o *router.Options) {
+	fs.IntVar(&o.ResponsePins, "response-pins", router.DefaultResponsePins,
+		"Responses API response ids whose backend is remembered, so that a request with previous_response_id goes back to it (0: none)")
+}
+
+// responsePinsFlag checks --response-pins; on the command line 0 means
+// none, in router.Options the default.
+func responsePinsFlag(o *router.Options) error {
+	switch {
+	case o.ResponsePins < 0:
+		return fmt.Errorf("--response-pins must not be negative, got %d", o.ResponsePins)
+	case o.ResponsePins == 0:
+		o.ResponsePins = -1
+	}
 	return nil
 }

@@ -48,6 +48,13 @@ func TestParseEppFlags(t *testing.T) {
 			}},
 		{name: "bad pool name", args: []string{"--pool-name", "Bad_Name"}, wantErr: "--pool-name"},
 		{name: "bad dns", args: []string{"--dns", "vllm:99999"}, wantErr: "--dns"},
+		{name: "response pins off", args: []string{"--endpoint", "10.0.0.1:80", "--response-pins", "0"},
+			check: func(t *testing.T, c eppConfig) {
+				if c.server.Router.ResponsePins != -1 {
+					t.Errorf("ResponsePins %d, want -1 (none)", c.server.Router.ResponsePins)
+				}
+			}},
+		{name: "negative response pins", args: []string{"--endpoint", "10.0.0.1:80", "--response-pins", "-5"}, wantErr: "--response-pins"},
 		{name: "not ip:port", args: []string{"--endpoint", "10.0.0.1"}, wantErr: "want ip:port"},
 		{name: "twice", args: []string{"--endpoint", "10.0.0.1:80", "--backend", "http://10.0.0.1"}, wantErr: "given twice"},
 		{name: "unknown policy", args: []string{"--endpoint", "10.0.0.1:80", "--policy", "nope"}, wantErr: "unknown policy"},

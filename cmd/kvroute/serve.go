@@ -66,6 +66,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.IntVar(&cfg.policyOpts.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
 	fs.IntVar(&cfg.policyOpts.KVRoute.Replicas, "replicas", 1, "kvroute: router replicas sharing these backends behind a random split (each scales its load counts and places sessions by consistent hashing)")
 	fs.Uint64Var(&cfg.policyOpts.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
+	registerResponsePins(fs, &cfg.policyOpts) // epp.go
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug (one line per request with its decision), info, warn or error")
 	cfg.logFormat = logText
 	fs.Var(&cfg.logFormat, "log-format", logFormatUsage)
@@ -127,6 +128,9 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 		return cfg, errors.New("--connect-timeout must be positive and --queue-timeout not negative")
 	case cfg.policyOpts.KVRoute.BlockBytes < 16:
 		return cfg, fmt.Errorf("--block-bytes must be at least 16, got %d", cfg.policyOpts.KVRoute.BlockBytes)
+	}
+	if err := responsePinsFlag(&cfg.policyOpts); err != nil { // epp.go
+		return cfg, err
 	}
 	if _, err := router.New(cfg.policy, cfg.backends, cfg.policyOpts); err != nil {
 		return cfg, err

@@ -115,6 +115,7 @@ type Server struct {
 	apiKey     bool     // requests under /v1 must carry the key
 	apiKeyHash [32]byte // SHA-256 of the key
 	admin      bool
+	responses  responseStore // by id, for previous_response_id (responses.go)
 
 	wake    chan struct{} // cap 1: work arrived or left
 	stopped chan struct{} // closed when Run returns

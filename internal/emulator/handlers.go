@@ -34,6 +34,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if allow(w, r, http.MethodPost) {
 			s.handleCompletion(w, r)
 		}
+	case "/v1/responses":
+		if allow(w, r, http.MethodPost) {
+			s.handleResponses(w, r) // responses.go
+		}
 	case "/v1/models":
 		if allow(w, r, http.MethodGet, http.MethodHead) {
 			s.handleModels(w)

@@ -89,6 +89,7 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) (done bool, err erro
 		b := v.ResponseBody
 		if x.watch == nil {
 			x.watch = newWatcher(false)
+			x.watch.responses = x.path == "/v1/responses"
 		}
 		if x.watch.feed(b.GetBody()) && !x.first {
 			x.first = true
@@ -155,11 +156,11 @@ func headerMap(h *corev3.HeaderMap) map[string]string {
 	return m
 }
 
-// generation reports whether the request is one the policy routes: a chat
-// or completion POST with a body.
+// generation reports whether the request is one the policy routes: a chat,
+// completion or Responses API POST with a body.
 func (x *exchange) generation(hasBody bool) bool {
 	return hasBody && x.method == http.MethodPost &&
-		(x.path == "/v1/chat/completions" || x.path == "/v1/completions")
+		(x.path == "/v1/chat/completions" || x.path == "/v1/completions" || x.path == "/v1/responses")
 }
 
 // candidates returns the endpoints in rotation that serve model ("": any),
@@ -226,7 +227,9 @@ func (x *exchange) decide(hasBody, eos bool) (done bool, err error) {
 	}
 	x.t, x.release, x.start, x.stream = t, release, t0, g.Stream
 	body := x.body
-	if g.Stream && !g.IncludeUsage && x.p.opts.IncludeUsage {
+	// A Responses API stream ends with its usage (response.completed)
+	// and has no stream_options.
+	if g.Stream && !g.IncludeUsage && x.p.opts.IncludeUsage && x.path != "/v1/responses" {
 		body, _ = proxy.WithIncludeUsage(body)
 	}
 	list := x.p.destinations(t.Decision, room)
@@ -297,6 +300,7 @@ func (x *exchange) responseHeaders(h *corev3.HeaderMap, md *corev3.Metadata) {
 	hm := headerMap(h)
 	x.status, _ = strconv.Atoi(hm[":status"])
 	x.watch = newWatcher(strings.Contains(hm["content-type"], "text/event-stream"))
+	x.watch.responses = x.path == "/v1/responses"
 	served := md.GetFilterMetadata()[MetadataNamespace].GetFields()[KeyServed].GetStringValue()
 	if x.t == nil || served == "" || served == Address(x.t.Backend) {
 		return
@@ -323,6 +327,7 @@ func (x *exchange) finish(ok bool) {
 		if w := x.watch; w != nil {
 			w.end()
 			o.PromptTokens, o.CachedTokens, o.CompletionTokens = w.prompt, w.cached, w.completion
+			o.ResponseID = w.responseID
 			if w.sse {
 				o.Tokens = w.tokens
 			}

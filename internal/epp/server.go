@@ -101,7 +101,12 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		}
 	}()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The fleet's metrics (kvroute_backend_up, ejections, ...) and the
+	// router's response pins, as serve exports them.
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), fl.Collector())
+	if c := rt.Collector(); c != nil {
+		reg.MustRegister(c)
+	}
 	po := cfg.Picker
 	po.Fleet, po.Router, po.Logger, po.Admission.Registerer = fl, rt, log, reg
 	pk, err := New(po)

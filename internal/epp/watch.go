@@ -3,6 +3,7 @@ package epp
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 )
 
 // maxLine bounds the part of one SSE line held across body chunks; a longer
@@ -10,12 +11,16 @@ import (
 const maxLine = 1 << 20
 
 // watcher reads a response body as it passes, chunk by chunk, for what the
-// policy learns from: the first content, the content chunks, the usage.
-// It never changes the body.
+// policy learns from: the first content, the content chunks, the usage;
+// and, of a Responses API response, its id, which the router pins to the
+// endpoint. It never changes the body.
 type watcher struct {
 	// sse is set for text/event-stream responses; others are one JSON
 	// document, read at the end.
 	sse bool
+	// responses is set for a Responses API response: its id is read.
+	responses  bool
+	responseID string
 
 	line     []byte // an SSE line not yet ended
 	skipLine bool   // the current line grew past maxLine
@@ -80,16 +85,28 @@ func (w *watcher) keep(b []byte) {
 func (w *watcher) end() {
 	if !w.sse && !w.docLong && len(w.doc) > 0 {
 		var doc struct {
+			ID    string     `json:"id"`
 			Usage *usageJSON `json:"usage"`
 		}
 		if json.Unmarshal(w.doc, &doc) == nil && doc.Usage != nil {
 			w.setUsage(doc.Usage)
 		}
+		if w.responses {
+			w.responseID = doc.ID
+		}
 	}
 }
 
-// chunkJSON is what the watcher reads of an OpenAI streamed chunk.
+// chunkJSON is what the watcher reads of an OpenAI streamed chunk, or of a
+// Responses API event (type, delta, response).
 type chunkJSON struct {
+	Type     string          `json:"type"`
+	Delta    json.RawMessage `json:"delta"`
+	Response *struct {
+		ID    string     `json:"id"`
+		Usage *usageJSON `json:"usage"`
+	} `json:"response"`
+
 	Choices []struct {
 		Text  string `json:"text"`
 		Delta struct {
@@ -103,12 +120,19 @@ type chunkJSON struct {
 	Usage *usageJSON `json:"usage"`
 }
 
+// usageJSON is a chat or completion usage (prompt_tokens, ...) or a
+// Responses API one (input_tokens, ...).
 type usageJSON struct {
-	PromptTokens        *int `json:"prompt_tokens"`
-	CompletionTokens    *int `json:"completion_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens *int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
+	PromptTokens        *int        `json:"prompt_tokens"`
+	CompletionTokens    *int        `json:"completion_tokens"`
+	PromptTokensDetails *cachedJSON `json:"prompt_tokens_details"`
+	InputTokens         *int        `json:"input_tokens"`
+	OutputTokens        *int        `json:"output_tokens"`
+	InputTokensDetails  *cachedJSON `json:"input_tokens_details"`
+}
+
+type cachedJSON struct {
+	CachedTokens *int `json:"cached_tokens"`
 }
 
 // event reads one SSE line: a data line with a chunk counts its content
@@ -134,6 +158,20 @@ func (w *watcher) event(line []byte) {
 			break
 		}
 	}
+	// A Responses API event: response.…delta with a delta carries output
+	// (text, reasoning, refusal, arguments); the response object gives the
+	// id (response.created first) and, at the end, the usage.
+	if strings.HasPrefix(c.Type, "response.") && strings.HasSuffix(c.Type, ".delta") && nonEmpty(c.Delta) {
+		w.tokens++
+	}
+	if r := c.Response; r != nil {
+		if w.responses && w.responseID == "" {
+			w.responseID = r.ID
+		}
+		if r.Usage != nil {
+			w.setUsage(r.Usage)
+		}
+	}
 	if c.Usage != nil {
 		w.setUsage(c.Usage)
 	}
@@ -142,14 +180,18 @@ func (w *watcher) event(line []byte) {
 func (w *watcher) setUsage(u *usageJSON) {
 	w.sawUsage = true
 	w.prompt, w.cached, w.completion = -1, -1, -1
-	if u.PromptTokens != nil {
-		w.prompt = *u.PromptTokens
+	for _, v := range []struct {
+		dst *int
+		src *int
+	}{{&w.prompt, u.PromptTokens}, {&w.prompt, u.InputTokens}, {&w.completion, u.CompletionTokens}, {&w.completion, u.OutputTokens}} {
+		if v.src != nil {
+			*v.dst = *v.src
+		}
 	}
-	if u.CompletionTokens != nil {
-		w.completion = *u.CompletionTokens
-	}
-	if u.PromptTokensDetails != nil && u.PromptTokensDetails.CachedTokens != nil {
-		w.cached = *u.PromptTokensDetails.CachedTokens
+	for _, d := range []*cachedJSON{u.PromptTokensDetails, u.InputTokensDetails} {
+		if d != nil && d.CachedTokens != nil {
+			w.cached = *d.CachedTokens
+		}
 	}
 }
 

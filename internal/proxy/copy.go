@@ -108,7 +108,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	if stream {
 		sc := eventScanner{hideUsage: c.hideUsage}
 		readErr, writeErr = copyEvents(hw, body, &sc, a.firstToken)
-		a.out.Tokens = sc.tokens
+		a.out.Tokens, a.out.ResponseID = sc.tokens, sc.responseID
 		if sc.sawUsage {
 			a.setUsage(sc.usage)
 		}

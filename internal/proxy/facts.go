@@ -97,6 +97,7 @@ func parseGeneration(ep endpoint, body []byte, session string) (*generation, *ap
 	if ep != endpointResponses {
 		previous = nil // not a member of chat or completion requests
 	}
+	g.req.PreviousResponseID = stringValue(previous)
 	g.req.SessionKey = sessionKey(session, cacheKey, previous, safety, user, metadata)
 	g.req.MaxTokens = max(intValue(maxCompletion), 0)
 	if g.req.MaxTokens == 0 {

@@ -223,6 +223,9 @@ func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response, body io.Re
 		if u, ok := parseUsage(field(capture.Bytes(), "usage")); ok {
 			a.setUsage(u)
 		}
+		if a.c.ep == endpointResponses {
+			a.out.ResponseID = stringValue(field(capture.Bytes(), "id"))
+		}
 	}
 	return nil, nil
 }

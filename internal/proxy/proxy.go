@@ -223,6 +223,11 @@ func New(cfg Config) (*Proxy, error) {
 			return nil, fmt.Errorf("proxy: register the fleet's metrics: %w", err)
 		}
 	}
+	if c := cfg.Router.Collector(); c != nil { // response pinning
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("proxy: register the router's metrics: %w", err)
+		}
+	}
 	qc := p.over.Admission
 	if qc.Registerer == nil {
 		qc.Registerer = reg

@@ -61,6 +61,9 @@ type eventScanner struct {
 	sawUsage bool
 	// done is set once `data: [DONE]` went by.
 	done bool
+	// responseID is the Responses API response's id, from the first event
+	// that carries the response object (response.created).
+	responseID string
 }
 
 // inspect examines one complete event (its lines and the blank line that
@@ -115,6 +118,9 @@ func (s *eventScanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 			s.tokens++
 		}
 		if isObject(resp) {
+			if s.responseID == "" {
+				s.responseID = stringValue(field(resp, "id"))
+			}
 			// A Responses API event: its usage is the response's, set in
 			// the events that end it.
 			if u, ok := parseUsage(field(resp, "usage")); ok {

@@ -28,6 +28,10 @@ type Options struct {
 	// Tokens is the router's prompt-length estimator, which New shares
 	// with the policy; nil means a fresh one.
 	Tokens *Tokens
+	// ResponsePins is how many Responses API response ids the Router
+	// remembers the backend of, to send the requests that continue them
+	// there (0: DefaultResponsePins; negative: none).
+	ResponsePins int
 }
 
 // registry is every policy New knows, the default first: --help, config

@@ -33,6 +33,11 @@ type Request struct {
 	Prompt string
 	// MaxTokens is the requested output length; 0 when not given.
 	MaxTokens int
+	// PreviousResponseID is a Responses API request's
+	// previous_response_id: the Router sends it to the backend that
+	// produced that response, when it saw it and that backend is a
+	// candidate (Options.ResponsePins).
+	PreviousResponseID string
 
 	// The fields below are facts that a caller who has tokenized the
 	// prompt (the fleet simulator) may give, so that policies need not
@@ -201,6 +206,10 @@ type Outcome struct {
 	// Tokens is the number of streamed chunks carrying content (0 when not
 	// streaming).
 	Tokens int
+	// ResponseID is the id of the Responses API response the backend
+	// produced ("" for other requests): the Router remembers which
+	// backend holds it, for the requests that continue it.
+	ResponseID string
 }
 
 // Failed returns the outcome of an attempt that got no usable answer:

@@ -22,6 +22,7 @@ var ErrNoChoice = errors.New("the policy chose no backend")
 type Router struct {
 	policy Policy
 	tokens *Tokens
+	pins   *pins // nil: no response pinning (pins.go)
 }
 
 // NewRouter returns a Router for policy, estimating prompt lengths with
@@ -56,6 +57,10 @@ func (r *Router) SetBackends(backends []*fleet.Backend) {
 // The errors are ErrNoBackend and ErrNoChoice, or the policy's own.
 func (r *Router) Route(req *Request, cands []*fleet.Backend) (*Ticket, error) {
 	r.Estimate(req)
+	// A response continued goes back to the backend that stores it; the
+	// policy still picks (among that one), so that it counts and learns
+	// the request as any other.
+	cands, pinned := r.pins.narrow(req.PreviousResponseID, cands)
 	d, err := r.policy.Pick(req, cands)
 	if err != nil {
 		return nil, err
@@ -63,9 +68,12 @@ func (r *Router) Route(req *Request, cands []*fleet.Backend) (*Ticket, error) {
 	if d.Backend == nil {
 		return nil, ErrNoChoice
 	}
+	if pinned {
+		d.Reason = ReasonResponse
+	}
 	prompt := req.PromptTokens
 	cached := min(max(d.Cached, 0), prompt)
-	t := &Ticket{Decision: d, req: req, tokens: r.tokens}
+	t := &Ticket{Decision: d, req: req, tokens: r.tokens, pins: r.pins}
 	t.flight = d.Backend.Start(prompt-cached, prompt+req.MaxTokens)
 	return t, nil
 }
@@ -94,6 +102,7 @@ type Ticket struct {
 	Decision
 	req      *Request
 	tokens   *Tokens
+	pins     *pins
 	flight   *fleet.Flight
 	finished bool
 }
@@ -116,6 +125,9 @@ func (t *Ticket) Finish(o Outcome) {
 	t.flight.Done()
 	if o.Status == 200 && o.PromptTokens > 0 {
 		t.tokens.observe(len(t.req.Prompt), o.PromptTokens)
+	}
+	if o.Status/100 == 2 {
+		t.pins.learn(o.ResponseID, t.Backend)
 	}
 	if t.Done != nil {
 		t.Done(o)
@@ -189,7 +201,9 @@ func New(name string, backends []*fleet.Backend, opts Options) (*Router, error) 
 			if opts.Tokens == nil {
 				opts.Tokens = NewTokens()
 			}
-			return NewRouter(s.New(backends, opts), opts.Tokens), nil
+			r := NewRouter(s.New(backends, opts), opts.Tokens)
+			r.pins = newPins(opts.ResponsePins)
+			return r, nil
 		}
 	}
 	return nil, fmt.Errorf("unknown policy %q (have %s)", name, names())

@@ -1,0 +1,111 @@
+package epp
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// TestResponsesStayWithTheirEndpoint runs Responses API conversations
+// through the picker to emulators that, as vLLM, hold each response they
+// produced and answer 404 for a previous_response_id they do not: every
+// turn after the first must go to the endpoint of the turn before, which
+// the picker learns from the response's id (response.created in a stream,
+// the body's id otherwise), whatever the policy would pick.
+func TestResponsesStayWithTheirEndpoint(t *testing.T) {
+	ctx := t.Context()
+	bs := emulators(t, ctx, 4)
+	for _, policy := range []string{"kvroute", "round-robin"} {
+		t.Run(policy, func(t *testing.T) {
+			s, env := startPicker(t, ctx, bs, policy, Options{Fallbacks: 1})
+			for conv := range 4 {
+				prev, home := "", ""
+				for turn := range 4 {
+					stream := (conv+turn)%2 == 0
+					req := map[string]any{"model": model(bs), "input": fmt.Sprintf("conversation %d, turn %d: go on.", conv, turn),
+						"max_output_tokens": 6, "stream": stream}
+					if prev != "" {
+						req["previous_response_id"] = prev
+					}
+					body, _ := json.Marshal(req)
+					res, err := env.do(ctx, "/v1/responses", nil, body)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if res.status != http.StatusOK {
+						t.Fatalf("conversation %d turn %d (after %s on %s): status %d: %s", conv, turn, prev, home, res.status, res.body)
+					}
+					if home != "" && res.list[0] != home {
+						t.Fatalf("conversation %d turn %d went to %s, its previous response is on %s", conv, turn, res.list[0], home)
+					}
+					home, prev = res.list[0], responseID(t, res.body, stream)
+				}
+			}
+			if got := pinCount(t, s, "pinned"); got != 12 {
+				t.Errorf("%v requests pinned, want 12 (3 continuations in each of 4 conversations)", got)
+			}
+		})
+	}
+}
+
+// responseID reads the id of a Responses API response, streamed or not.
+func responseID(t *testing.T, body []byte, stream bool) string {
+	t.Helper()
+	var r struct {
+		ID       string `json:"id"`
+		Response struct {
+			ID string `json:"id"`
+		} `json:"response"`
+	}
+	if !stream {
+		if err := json.Unmarshal(body, &r); err != nil || r.ID == "" {
+			t.Fatalf("no id in %s", body)
+		}
+		return r.ID
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if data, ok := strings.CutPrefix(line, "data: "); ok && json.Unmarshal([]byte(data), &r) == nil && r.Response.ID != "" {
+			return r.Response.ID
+		}
+	}
+	t.Fatalf("no response.created in %s", body)
+	return ""
+}
+
+// pinCount reads kvroute_response_pins_total{result} from the picker's
+// router.
+func pinCount(t *testing.T, s *Server, result string) float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(s.Router.Collector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvroute_response_pins_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if labelIs(m, "result", result) {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no kvroute_response_pins_total{result=%q}", result)
+	return 0
+}
+
+func labelIs(m *dto.Metric, name, value string) bool {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name && l.GetValue() == value {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,151 @@
+package router
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+)
+
+// ReasonResponse is the Decision.Reason of a Responses API request sent to
+// the backend that produced the response its previous_response_id names.
+const ReasonResponse = "response"
+
+// DefaultResponsePins is how many response ids a router remembers the
+// backend of (Options.ResponsePins). An entry costs about 50 bytes (a
+// 64-bit hash of the id, a pointer, the map's overhead), so the default
+// holds 5 MB; at 100 responses a second it remembers the last quarter of
+// an hour, longer than a user takes to answer, and vLLM keeps its stored
+// responses in memory only (a restart loses them anyway).
+const DefaultResponsePins = 100_000
+
+// pins remembers which backend produced each response id the router saw
+// go by (Outcome.ResponseID), so that a request continuing it
+// (Request.PreviousResponseID) goes back there: the backend that stores a
+// response is the only one that can continue it. It holds up to a fixed
+// number of ids and forgets the oldest first: a conversation's newest
+// response is always the youngest entry. Keys are 64-bit hashes of the
+// ids; a collision (odds 1 in 10^9 at capacity) sends a request to a
+// backend that answers it does not know the response. Safe for concurrent
+// use; a nil *pins remembers nothing.
+type pins struct {
+	mu   sync.Mutex
+	byID map[uint64]*fleet.Backend
+	ring []uint64 // ids in the order learned; the oldest at next once full
+	next int
+	size int
+
+	pinned, gone, unknown, learned atomic.Uint64
+}
+
+// newPins returns pins holding up to size ids (0: DefaultResponsePins;
+// negative: nil, none).
+func newPins(size int) *pins {
+	if size < 0 {
+		return nil
+	}
+	if size == 0 {
+		size = DefaultResponsePins
+	}
+	return &pins{byID: make(map[uint64]*fleet.Backend), size: size}
+}
+
+// learn notes that backend b produced the response id.
+func (p *pins) learn(id string, b *fleet.Backend) {
+	if p == nil || id == "" {
+		return
+	}
+	h := xxhash.Sum64String(id)
+	p.learned.Add(1)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.byID[h]; ok {
+		p.byID[h] = b
+		return
+	}
+	if len(p.ring) < p.size {
+		p.ring = append(p.ring, h)
+	} else {
+		delete(p.byID, p.ring[p.next])
+		p.ring[p.next] = h
+		p.next = (p.next + 1) % p.size
+	}
+	p.byID[h] = b
+}
+
+// narrow returns the candidates a request continuing the response id may
+// go to: the backend that produced it alone, when it is a candidate
+// (healthy, not ejected, serving the model); otherwise all of cands, for
+// the policy to route as any request, and that backend, if any, answers
+// with its own error. pinned reports the first case.
+func (p *pins) narrow(id string, cands []*fleet.Backend) (_ []*fleet.Backend, pinned bool) {
+	if p == nil || id == "" {
+		return cands, false
+	}
+	p.mu.Lock()
+	b, ok := p.byID[xxhash.Sum64String(id)]
+	p.mu.Unlock()
+	switch {
+	case !ok:
+		p.unknown.Add(1)
+		return cands, false
+	case !slices.Contains(cands, b):
+		p.gone.Add(1)
+		return cands, false
+	}
+	p.pinned.Add(1)
+	return []*fleet.Backend{b}, true
+}
+
+// entries is the number of ids held.
+func (p *pins) entries() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.byID)
+}
+
+// Collector exports the router's response pinning: requests with a
+// previous_response_id by what became of the pin, and the ids held. Nil
+// when the router keeps no pins.
+func (r *Router) Collector() prometheus.Collector {
+	if r.pins == nil {
+		return nil
+	}
+	return pinCollector{r.pins}
+}
+
+var (
+	pinRequestsDesc = prometheus.NewDesc("kvroute_response_pins_total",
+		`Responses API requests with a previous_response_id, by what the router did: "pinned" (sent to the backend that produced that response), "gone" (that backend is not a candidate now: removed, unhealthy, ejected; routed as any request) or "unknown" (an id the router did not see or has forgotten; routed as any request).`,
+		[]string{"result"}, nil)
+	pinEntriesDesc = prometheus.NewDesc("kvroute_response_pin_entries",
+		"Response ids whose backend the router remembers (at most --response-pins).", nil, nil)
+	pinLearnedDesc = prometheus.NewDesc("kvroute_response_pins_learned_total",
+		"Response ids learned from the responses the router forwarded.", nil, nil)
+)
+
+type pinCollector struct{ p *pins }
+
+// Describe implements prometheus.Collector.
+func (c pinCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- pinRequestsDesc
+	ch <- pinEntriesDesc
+	ch <- pinLearnedDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c pinCollector) Collect(ch chan<- prometheus.Metric) {
+	p := c.p
+	for _, r := range []struct {
+		label string
+		n     *atomic.Uint64
+	}{{"pinned", &p.pinned}, {"gone", &p.gone}, {"unknown", &p.unknown}} {
+		ch <- prometheus.MustNewConstMetric(pinRequestsDesc, prometheus.CounterValue, float64(r.n.Load()), r.label)
+	}
+	ch <- prometheus.MustNewConstMetric(pinEntriesDesc, prometheus.GaugeValue, float64(p.entries()))
+	ch <- prometheus.MustNewConstMetric(pinLearnedDesc, prometheus.CounterValue, float64(p.learned.Load()))
+}

@@ -1,0 +1,94 @@
+package router
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestPinsForgetTheOldest(t *testing.T) {
+	bs := backends(3)
+	p := newPins(2)
+	p.learn("resp_a", bs[0])
+	p.learn("resp_b", bs[1])
+	p.learn("resp_a", bs[2]) // learned again: moves, takes no room
+	p.learn("resp_c", bs[1]) // full: resp_a, the oldest, goes
+	tests := []struct {
+		id         string
+		want       int // index of the backend alone, or -1: all candidates
+		wantPinned bool
+	}{
+		{"resp_a", -1, false},
+		{"resp_b", 1, true},
+		{"resp_c", 1, true},
+		{"", -1, false},
+	}
+	for _, tt := range tests {
+		got, pinned := p.narrow(tt.id, bs)
+		if pinned != tt.wantPinned || (tt.want < 0) != (len(got) == 3) || tt.want >= 0 && (len(got) != 1 || got[0] != bs[tt.want]) {
+			t.Errorf("narrow(%q) = %v, %v; want backend %d, pinned %v", tt.id, got, pinned, tt.want, tt.wantPinned)
+		}
+	}
+	if n := p.entries(); n != 2 {
+		t.Errorf("%d entries, want 2", n)
+	}
+	// The backend that holds it is not a candidate: all the others are.
+	if got, pinned := p.narrow("resp_b", bs[2:]); pinned || len(got) != 1 || got[0] != bs[2] {
+		t.Errorf("narrow without the pinned backend = %v, %v", got, pinned)
+	}
+	if u, g, pn := p.unknown.Load(), p.gone.Load(), p.pinned.Load(); u != 1 || g != 1 || pn != 2 {
+		t.Errorf("unknown %d, gone %d, pinned %d; want 1, 1, 2", u, g, pn)
+	}
+	var none *pins
+	none.learn("resp_a", bs[0])
+	if got, pinned := none.narrow("resp_a", bs); pinned || len(got) != 3 {
+		t.Error("nil pins pinned a request")
+	}
+}
+
+// TestRouteFollowsResponses routes a conversation of responses through
+// every policy: the response a backend produced is continued there, with
+// the reason "response", whatever the policy would have chosen.
+func TestRouteFollowsResponses(t *testing.T) {
+	for _, name := range Names() {
+		t.Run(name, func(t *testing.T) {
+			bs := backends(4)
+			r, err := New(name, bs, Options{Seed: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			prev, home := "", (*Ticket)(nil)
+			for turn := range 8 {
+				req := &Request{Model: "m", Prompt: strings.Repeat(fmt.Sprintf("turn %d ", turn), 50), PreviousResponseID: prev}
+				tk, err := r.Route(req, bs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if home != nil && (tk.Backend != home.Backend || tk.Reason != ReasonResponse) {
+					t.Fatalf("turn %d: %s (%s), want %s (response)", turn, tk.Backend.Name, tk.Reason, home.Backend.Name)
+				}
+				prev = fmt.Sprintf("resp_%d", turn)
+				o := Failed(200)
+				o.ResponseID = prev
+				tk.Finish(o)
+				if home == nil {
+					home = tk
+				}
+			}
+			// A failed response teaches nothing.
+			tk, _ := r.Route(&Request{Model: "m", Prompt: "x"}, bs)
+			tk.Finish(Outcome{Status: 500, ResponseID: "resp_failed"})
+			if _, pinned := r.pins.narrow("resp_failed", bs); pinned {
+				t.Error("a failed response was pinned")
+			}
+			if got := r.pins.learned.Load(); got != 8 {
+				t.Errorf("learned %d, want 8", got)
+			}
+			if n := testutil.CollectAndCount(r.Collector()); n != 5 {
+				t.Errorf("%d series, want 5 (3 results, entries, learned)", n)
+			}
+		})
+	}
+}
