@@ -12,7 +12,7 @@ var sinkBytes []byte
 
 // BenchmarkChunkerToken measures the cost of one streamed token's event.
 func BenchmarkChunkerToken(b *testing.B) {
-	k := newChunker("chatcmpl-0123456789abcdef0123456789abcdef", "chat.completion.chunk", 1700000000, testModel, true)
+	k := newChunker("chatcmpl-0123456789abcdef0123456789abcdef", "chat.completion.chunk", 1700000000, testModel, true, false)
 	buf := make([]byte, 0, 512)
 	b.ReportAllocs()
 	for b.Loop() {

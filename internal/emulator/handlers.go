@@ -145,9 +145,13 @@ type exchange struct {
 	created      int64
 	stream       bool
 	includeUsage bool
-	maxTokens    *int // nil: natural length
-	chunks       chunker
+	maxTokens    *int   // nil: natural length
+	events       events // a stream's events (sse.go, responses.go)
 	faults       Faults // in force when the request arrived
+	// responses marks a Responses API request (responses.go); done, when
+	// not nil, is called with the call once the response completed.
+	responses bool
+	done      func(*call)
 }
 
 // prepare checks the fields shared by both endpoints.
@@ -178,7 +182,7 @@ func (s *Server) prepare(model string, n *int, stream bool, opts *streamOptions,
 		object = "chat.completion.chunk"
 		x.id = "chatcmpl-" + randomHex()
 	}
-	x.chunks = newChunker(x.id, object, x.created, s.model, chat)
+	x.events = newChunker(x.id, object, x.created, s.model, chat, x.includeUsage)
 	return x, nil
 }
 
@@ -198,6 +202,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, x *exchange, prom
 		ok = s.stream(r.Context(), w, c, x)
 	} else {
 		ok = s.respond(r.Context(), w, c, x)
+	}
+	if ok && x.done != nil {
+		x.done(c)
 	}
 	if ok {
 		s.log.Debug("request done", "id", x.id, "prompt_tokens", c.req.PromptLen,
@@ -257,7 +264,10 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x 
 	h.Set(HeaderModelLatency, seconds(c.latency))
 	u := c.usage()
 	reason := c.finishReason()
-	if x.chat {
+	switch {
+	case x.responses:
+		writeJSON(w, http.StatusOK, s.response(x, c, true)) // responses.go
+	case x.chat:
 		writeJSON(w, http.StatusOK, chatCompletion{
 			ID: x.id, Object: "chat.completion", Created: x.created, Model: s.model,
 			Choices: []chatChoice{{
@@ -266,7 +276,7 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x 
 			}},
 			Usage: u,
 		})
-	} else {
+	default:
 		writeJSON(w, http.StatusOK, textCompletion{
 			ID: x.id, Object: "text_completion", Created: x.created, Model: s.model,
 			Choices: []textChoice{{Text: text, FinishReason: reason}},
@@ -307,24 +317,20 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *call, x *
 		}
 		buf = buf[:0]
 		if have == 0 {
-			buf = x.chunks.start(buf)
+			buf = x.events.start(buf)
 		}
 		if cut > 0 {
 			n = min(n, cut)
 		}
 		for i := have; i < n && i < len(c.pieces); i++ {
-			buf = x.chunks.token(buf, c.pieces[i])
+			buf = x.events.token(buf, c.pieces[i])
 		}
 		have = n
 		if have == cut {
 			return s.cutStream(ctx, w, rc, c, buf, hang)
 		}
 		if have == c.total {
-			buf = x.chunks.finish(buf, c.finishReason())
-			if x.includeUsage {
-				buf = x.chunks.usage(buf, c.usage())
-			}
-			buf = append(buf, "data: [DONE]\n\n"...)
+			buf = x.events.end(buf, c)
 		}
 		if _, err := w.Write(buf); err != nil {
 			s.abort(c)

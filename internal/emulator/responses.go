@@ -2,9 +2,7 @@ package emulator
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -84,27 +82,19 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	x.id = "resp_" + randomHex()
 	conv, e := s.responsesConversation(&req)
 	if e != nil {
 		writeError(w, e)
 		return
 	}
-	c, e := s.newCall(tokenizer.EncodeChat(nil, conv, true), x.maxTokens, "input")
-	if e != nil {
-		writeError(w, e)
-		return
-	}
-	if err := s.submit(c); err != nil {
-		writeError(w, submitError(err))
-		return
-	}
-	if !s.produceResponse(r.Context(), w, c, x) {
-		return
-	}
+	x.id, x.responses, x.faults = "resp_"+randomHex(), true, f
+	x.events = &responseEvents{s: s, x: x}
 	if req.Store == nil || *req.Store {
-		s.responses.put(x.id, append(conv, tokenizer.Message{Role: "assistant", Content: strings.Join(c.pieces, "")}))
+		x.done = func(c *call) {
+			s.responses.put(x.id, append(conv, tokenizer.Message{Role: "assistant", Content: strings.Join(c.pieces, "")}))
+		}
 	}
+	s.serve(w, r, x, tokenizer.EncodeChat(nil, conv, true), "input")
 }
 
 // responsesConversation renders a request as chat messages: the
@@ -242,65 +232,36 @@ func (s *Server) response(x *exchange, c *call, done bool) *responseObject {
 	return o
 }
 
-// produceResponse waits for the output and writes it, whole or as events;
-// it reports whether the request completed.
-func (s *Server) produceResponse(ctx context.Context, w http.ResponseWriter, c *call, x *exchange) bool {
-	if !x.stream {
-		for have := 0; have < c.total; {
-			n, err := s.await(ctx, c, have)
-			if err != nil {
-				s.abort(c)
-				if errors.Is(err, errStopped) {
-					writeError(w, unavailable())
-				}
-				return false
-			}
-			have = n
-		}
-		w.Header().Set(HeaderModelTTFT, seconds(c.ttft))
-		w.Header().Set(HeaderModelLatency, seconds(c.latency))
-		writeJSON(w, http.StatusOK, s.response(x, c, true))
-		return true
-	}
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream; charset=utf-8")
-	h.Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	seq := 0
-	event := func(dst []byte, typ string, fields map[string]any) []byte {
-		fields["type"], fields["sequence_number"] = typ, seq
-		seq++
-		data, _ := json.Marshal(fields) // our own values: cannot fail
-		dst = append(dst, "event: "+typ+"\ndata: "...)
-		dst = append(dst, data...)
-		return append(dst, "\n\n"...)
-	}
-	buf := event(nil, "response.created", map[string]any{"response": s.response(x, c, false)})
-	if _, err := w.Write(buf); err != nil || rc.Flush() != nil {
-		s.abort(c)
-		return false
-	}
-	item := "msg_" + x.id[len("resp_"):]
-	for have := 0; have < c.total; {
-		n, err := s.await(ctx, c, have)
-		if err != nil {
-			s.abort(c)
-			return false
-		}
-		buf = buf[:0]
-		for i := have; i < n && i < len(c.pieces); i++ {
-			buf = event(buf, "response.output_text.delta", map[string]any{"item_id": item, "output_index": 0,
-				"content_index": 0, "delta": c.pieces[i]})
-		}
-		have = n
-		if have == c.total {
-			buf = event(buf, "response.completed", map[string]any{"response": s.response(x, c, true)})
-		}
-		if _, err := w.Write(buf); err != nil || rc.Flush() != nil {
-			s.abort(c)
-			return false
-		}
-	}
-	return true
+// responseEvents writes a Responses API stream: response.created, a
+// response.output_text.delta per token, response.completed with the usage.
+// Every event has its type in an `event:` line too, and its
+// sequence_number.
+type responseEvents struct {
+	s   *Server
+	x   *exchange
+	seq int
+}
+
+var _ events = (*responseEvents)(nil)
+
+func (e *responseEvents) event(dst []byte, typ string, fields map[string]any) []byte {
+	fields["type"], fields["sequence_number"] = typ, e.seq
+	e.seq++
+	data, _ := json.Marshal(fields) // our own values: cannot fail
+	dst = append(dst, "event: "+typ+"\ndata: "...)
+	dst = append(dst, data...)
+	return append(dst, "\n\n"...)
+}
+
+func (e *responseEvents) start(dst []byte) []byte {
+	return e.event(dst, "response.created", map[string]any{"response": e.s.response(e.x, nil, false)})
+}
+
+func (e *responseEvents) token(dst []byte, text string) []byte {
+	return e.event(dst, "response.output_text.delta", map[string]any{"item_id": "msg_" + e.x.id[len("resp_"):],
+		"output_index": 0, "content_index": 0, "delta": text})
+}
+
+func (e *responseEvents) end(dst []byte, c *call) []byte {
+	return e.event(dst, "response.completed", map[string]any{"response": e.s.response(e.x, c, true)})
 }

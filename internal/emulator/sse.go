@@ -6,15 +6,29 @@ import (
 	"unicode/utf8"
 )
 
-// chunker writes the server-sent events of one streamed response. The fixed
+// events writes the server-sent events of one streamed response: chat and
+// completion chunks (chunker) or Responses API events (responseEvents).
+type events interface {
+	// start appends what precedes the first token.
+	start(dst []byte) []byte
+	// token appends the event carrying one token's text.
+	token(dst []byte, text string) []byte
+	// end appends what follows the last token of c, whose output is done.
+	end(dst []byte, c *call) []byte
+}
+
+// chunker writes the chunks of a streamed chat or completion. The fixed
 // part of every chunk is encoded once, so a token costs one append of its
 // text rather than a JSON encoding of a whole chunk.
 type chunker struct {
-	chat bool
-	head []byte // `data: {"id":…,"object":…,"created":…,"model":…,`
+	chat         bool
+	includeUsage bool
+	head         []byte // `data: {"id":…,"object":…,"created":…,"model":…,`
 }
 
-func newChunker(id, object string, created int64, model string, chat bool) chunker {
+var _ events = (*chunker)(nil)
+
+func newChunker(id, object string, created int64, model string, chat, includeUsage bool) *chunker {
 	h := []byte(`data: {"id":`)
 	h = appendJSONString(h, id)
 	h = append(h, `,"object":`...)
@@ -24,7 +38,17 @@ func newChunker(id, object string, created int64, model string, chat bool) chunk
 	h = append(h, `,"model":`...)
 	h = appendJSONString(h, model)
 	h = append(h, ',')
-	return chunker{chat: chat, head: h}
+	return &chunker{chat: chat, includeUsage: includeUsage, head: h}
+}
+
+// end appends the chunk with the finish reason, the usage chunk when the
+// request asked for it, and [DONE].
+func (k *chunker) end(dst []byte, c *call) []byte {
+	dst = k.finish(dst, c.finishReason())
+	if k.includeUsage {
+		dst = k.usage(dst, c.usage())
+	}
+	return append(dst, "data: [DONE]\n\n"...)
 }
 
 // start appends what precedes the first token: for chat, the assistant role.
