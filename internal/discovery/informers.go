@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -22,6 +23,8 @@ type k8sWatch interface {
 	fmt.Stringer
 	start()
 	close()
+	// waitSynced waits for the informers' first lists, within the
+	// source's SyncTimeout and ctx.
 	waitSynced(ctx context.Context) error
 	backends(apiKey fleet.Secret) ([]*fleet.Backend, error)
 }
@@ -33,11 +36,14 @@ type informers struct {
 	stop                chan struct{}
 	wg                  sync.WaitGroup
 	run                 []cache.SharedIndexInformer
+	handlerErr          error // adding an event handler failed
 }
+
+func newInformers() informers { return informers{stop: make(chan struct{})} }
 
 // watch adds inf to the informers to run, signalling changed (without
 // blocking) on every add, update and delete it sees.
-func (s *informers) watch(inf cache.SharedIndexInformer, changed chan struct{}) error {
+func (s *informers) watch(inf cache.SharedIndexInformer, changed chan struct{}) {
 	s.run = append(s.run, inf)
 	notify := func(any) {
 		select {
@@ -50,7 +56,25 @@ func (s *informers) watch(inf cache.SharedIndexInformer, changed chan struct{}) 
 		UpdateFunc: func(_, obj any) { notify(obj) },
 		DeleteFunc: notify,
 	})
-	return err
+	s.handlerErr = errors.Join(s.handlerErr, err)
+}
+
+// waitSynced waits for every informer's first list, within timeout and
+// ctx; what names the source in the error.
+func (s *informers) waitSynced(ctx context.Context, timeout time.Duration, what fmt.Stringer) error {
+	if s.handlerErr != nil {
+		return s.handlerErr
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	synced := make([]cache.InformerSynced, len(s.run))
+	for i, inf := range s.run {
+		synced[i] = inf.HasSynced
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return fmt.Errorf("kubernetes: %s not listed within %v", what, timeout)
+	}
+	return nil
 }
 
 // start starts the informers once.

@@ -96,15 +96,15 @@ type k8sSource struct {
 	cfg      Kubernetes
 	informer cache.SharedIndexInformer
 	lister   discoverylisters.EndpointSliceNamespaceLister
-	synced   cache.InformerSynced
 	informers
-	handlerErr error
 }
 
 var _ k8sWatch = (*k8sSource)(nil)
 
 // String names the source in logs.
-func (s *k8sSource) String() string { return "service " + s.cfg.Namespace + "/" + s.cfg.Service }
+func (s *k8sSource) String() string {
+	return "EndpointSlices of service " + s.cfg.Namespace + "/" + s.cfg.Service
+}
 
 // newK8sSource builds the client (unless injected) and the informer; it
 // does not start it.
@@ -145,25 +145,14 @@ func newK8sSource(cfg Kubernetes, changed chan struct{}) (*k8sSource, error) {
 	// clientset does not).
 	informer := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, cfg.Client),
 		&discoveryv1.EndpointSlice{}, cfg.Resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	s := &k8sSource{cfg: cfg, informer: informer,
-		lister:    discoverylisters.NewEndpointSliceLister(informer.GetIndexer()).EndpointSlices(cfg.Namespace),
-		informers: informers{stop: make(chan struct{})}}
-	s.synced = informer.HasSynced
-	s.handlerErr = s.watch(informer, changed)
+	s := &k8sSource{cfg: cfg, informer: informer, informers: newInformers(),
+		lister: discoverylisters.NewEndpointSliceLister(informer.GetIndexer()).EndpointSlices(cfg.Namespace)}
+	s.watch(informer, changed)
 	return s, nil
 }
 
-// waitSynced waits for the first list, within SyncTimeout and ctx.
 func (s *k8sSource) waitSynced(ctx context.Context) error {
-	if s.handlerErr != nil {
-		return s.handlerErr
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.SyncTimeout)
-	defer cancel()
-	if !cache.WaitForCacheSync(ctx.Done(), s.synced) {
-		return fmt.Errorf("kubernetes: EndpointSlices of %s/%s not listed within %v", s.cfg.Namespace, s.cfg.Service, s.cfg.SyncTimeout)
-	}
-	return nil
+	return s.informers.waitSynced(ctx, s.cfg.SyncTimeout, s)
 }
 
 // backends returns the endpoints of the cached slices that should get

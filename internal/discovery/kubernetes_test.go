@@ -131,26 +131,8 @@ func TestKubernetesFollowsEndpointSlices(t *testing.T) {
 		}
 	}
 
-	sets := make(chan []string, 16)
-	done := make(chan error, 1)
-	go func() {
-		done <- d.Run(ctx, func(_ context.Context, bs []*fleet.Backend) { sets <- names(bs) })
-	}()
-	expect := func(step string, want ...string) {
-		t.Helper()
-		deadline := time.After(10 * time.Second)
-		for {
-			select {
-			case got := <-sets:
-				if slices.Equal(got, want) {
-					return
-				}
-				t.Logf("%s: intermediate set %v", step, got)
-			case <-deadline:
-				t.Fatalf("%s: the set never became %v", step, want)
-			}
-		}
-	}
+	sets, done := follow(ctx, d) // pool_test.go
+	expect := expectSets(t, sets)
 	slicesAPI := cs.DiscoveryV1().EndpointSlices("ai")
 
 	// Scale up: a second slice with two more pods.

@@ -98,17 +98,17 @@ func ValidatePool(namespace, name string) error {
 
 // poolSource watches one InferencePool and the pods of its namespace.
 type poolSource struct {
-	cfg        Pool
-	pools      cache.SharedIndexInformer
-	pods       corelisters.PodNamespaceLister
-	synced     []cache.InformerSynced
-	handlerErr error
+	cfg   Pool
+	pools cache.SharedIndexInformer
+	pods  corelisters.PodNamespaceLister
 	informers
 }
 
 var _ k8sWatch = (*poolSource)(nil)
 
-func (s *poolSource) String() string { return "inferencepool " + s.cfg.Namespace + "/" + s.cfg.Name }
+func (s *poolSource) String() string {
+	return "InferencePool " + s.cfg.Namespace + "/" + s.cfg.Name + " and its pods"
+}
 
 // newPoolSource builds the clients (unless injected) and the informers: one
 // on the pool alone (a field selector on its name), one on the pods of its
@@ -171,24 +171,15 @@ func newPoolSource(cfg Pool, changed chan struct{}) (*poolSource, error) {
 		&unstructured.Unstructured{}, cfg.Resync, indexers)
 	pods := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(podLW, cfg.Core),
 		&corev1.Pod{}, cfg.Resync, indexers)
-	s := &poolSource{cfg: cfg, pools: pools, informers: informers{stop: make(chan struct{})},
-		pods:   corelisters.NewPodLister(pods.GetIndexer()).Pods(cfg.Namespace),
-		synced: []cache.InformerSynced{pools.HasSynced, pods.HasSynced}}
-	s.handlerErr = errors.Join(s.watch(pools, changed), s.watch(pods, changed))
+	s := &poolSource{cfg: cfg, pools: pools, informers: newInformers(),
+		pods: corelisters.NewPodLister(pods.GetIndexer()).Pods(cfg.Namespace)}
+	s.watch(pools, changed)
+	s.watch(pods, changed)
 	return s, nil
 }
 
-// waitSynced waits for the first lists, within SyncTimeout and ctx.
 func (s *poolSource) waitSynced(ctx context.Context) error {
-	if s.handlerErr != nil {
-		return s.handlerErr
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.SyncTimeout)
-	defer cancel()
-	if !cache.WaitForCacheSync(ctx.Done(), s.synced...) {
-		return fmt.Errorf("kubernetes: %s and its pods not listed within %v", s, s.cfg.SyncTimeout)
-	}
-	return nil
+	return s.informers.waitSynced(ctx, s.cfg.SyncTimeout, s)
 }
 
 // poolSpec is what the source reads of an InferencePool.
@@ -207,7 +198,7 @@ func (s *poolSource) spec() (poolSpec, error) {
 	}
 	u, isU := obj.(*unstructured.Unstructured)
 	if !ok || !isU {
-		return poolSpec{}, fmt.Errorf("%s not found", s)
+		return poolSpec{}, fmt.Errorf("InferencePool %s/%s not found", s.cfg.Namespace, s.cfg.Name)
 	}
 	return parsePoolSpec(u)
 }

@@ -122,11 +122,7 @@ func TestPoolFollowsPodsAndPool(t *testing.T) {
 		}
 	}
 
-	sets := make(chan []string, 16)
-	done := make(chan error, 1)
-	go func() {
-		done <- d.Run(ctx, func(_ context.Context, bs []*fleet.Backend) { sets <- names(bs) })
-	}()
+	sets, done := follow(ctx, d) // pool_test.go
 	expect := expectSets(t, sets)
 	pods := cs.CoreV1().Pods("ai")
 	poolAPI := dc.Resource(poolGVR).Namespace("ai")
@@ -181,6 +177,16 @@ func TestPoolFollowsPodsAndPool(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
 	}
+}
+
+// follow runs d until ctx ends: every set it hands out goes to sets (as
+// names), Run's result to done.
+func follow(ctx context.Context, d *Discovery) (sets <-chan []string, done <-chan error) {
+	c, e := make(chan []string, 16), make(chan error, 1)
+	go func() {
+		e <- d.Run(ctx, func(_ context.Context, bs []*fleet.Backend) { c <- names(bs) })
+	}()
+	return c, e
 }
 
 // expectSets returns a function that waits (10 s at most) until the set

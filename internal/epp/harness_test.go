@@ -64,16 +64,23 @@ func startPicker(t testing.TB, ctx context.Context, bs []*fleet.Backend, policy 
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
+	env := connect(t, s)
+	for _, b := range bs {
+		env.pool[Address(b)] = true
+	}
+	return s, env
+}
+
+// connect returns an Envoy stand-in connected to the picker s, with an
+// empty pool.
+func connect(t testing.TB, s *Server) *envoy {
+	t.Helper()
 	conn, err := grpc.NewClient(s.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	pool := map[string]bool{}
-	for _, b := range bs {
-		pool[Address(b)] = true
-	}
-	return s, &envoy{ext: extprocv3.NewExternalProcessorClient(conn), pool: pool, http: &http.Client{}}
+	return &envoy{ext: extprocv3.NewExternalProcessorClient(conn), pool: map[string]bool{}, http: &http.Client{}}
 }
 
 // envoy is the data plane's side of the protocol.

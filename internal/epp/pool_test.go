@@ -13,9 +13,6 @@ import (
 	"testing"
 	"time"
 
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -146,12 +143,7 @@ func picksFollowPool(t *testing.T, policy string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	conn, err := grpc.NewClient(s.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	env := &envoy{ext: extprocv3.NewExternalProcessorClient(conn), http: &http.Client{}}
+	env := connect(t, s)
 	addr := func(i int) string { return net.JoinHostPort(ips[i], strconv.Itoa(port)) }
 
 	// phase waits until the picker's endpoints in rotation are exactly

@@ -6,9 +6,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 )
 
 // TestResponsesStayWithTheirEndpoint runs Responses API conversations
@@ -46,8 +43,8 @@ func TestResponsesStayWithTheirEndpoint(t *testing.T) {
 					home, prev = res.list[0], responseID(t, res.body, stream)
 				}
 			}
-			if got := pinCount(t, s, "pinned"); got != 12 {
-				t.Errorf("%v requests pinned, want 12 (3 continuations in each of 4 conversations)", got)
+			if st := s.Router.PinStats(); st.Pinned != 12 || st.Gone+st.Unknown != 0 || st.Learned != 16 {
+				t.Errorf("pins %+v: want 12 pinned (3 continuations in each of 4 conversations), 16 learned", st)
 			}
 		})
 	}
@@ -75,37 +72,4 @@ func responseID(t *testing.T, body []byte, stream bool) string {
 	}
 	t.Fatalf("no response.created in %s", body)
 	return ""
-}
-
-// pinCount reads kvroute_response_pins_total{result} from the picker's
-// router.
-func pinCount(t *testing.T, s *Server, result string) float64 {
-	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(s.Router.Collector())
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "kvroute_response_pins_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if labelIs(m, "result", result) {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	t.Fatalf("no kvroute_response_pins_total{result=%q}", result)
-	return 0
-}
-
-func labelIs(m *dto.Metric, name, value string) bool {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name && l.GetValue() == value {
-			return true
-		}
-	}
-	return false
 }

@@ -108,6 +108,27 @@ func (p *pins) entries() int {
 	return len(p.byID)
 }
 
+// PinStats counts what the router's response pinning did: requests with
+// a previous_response_id sent to the backend that produced it (Pinned),
+// whose backend was not a candidate (Gone), whose id was not known
+// (Unknown); ids learned from responses (Learned) and held (Entries).
+type PinStats struct {
+	Pinned, Gone, Unknown, Learned uint64
+	Entries                        int
+}
+
+// PinStats returns the counts of the router's response pinning (all zero
+// when it keeps no pins). Safe for concurrent use.
+func (r *Router) PinStats() PinStats { return r.pins.stats() }
+
+func (p *pins) stats() PinStats {
+	if p == nil {
+		return PinStats{}
+	}
+	return PinStats{Pinned: p.pinned.Load(), Gone: p.gone.Load(), Unknown: p.unknown.Load(),
+		Learned: p.learned.Load(), Entries: p.entries()}
+}
+
 // Collector exports the router's response pinning: requests with a
 // previous_response_id by what became of the pin, and the ids held. Nil
 // when the router keeps no pins.
@@ -139,13 +160,13 @@ func (c pinCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c pinCollector) Collect(ch chan<- prometheus.Metric) {
-	p := c.p
+	st := c.p.stats()
 	for _, r := range []struct {
 		label string
-		n     *atomic.Uint64
-	}{{"pinned", &p.pinned}, {"gone", &p.gone}, {"unknown", &p.unknown}} {
-		ch <- prometheus.MustNewConstMetric(pinRequestsDesc, prometheus.CounterValue, float64(r.n.Load()), r.label)
+		n     uint64
+	}{{"pinned", st.Pinned}, {"gone", st.Gone}, {"unknown", st.Unknown}} {
+		ch <- prometheus.MustNewConstMetric(pinRequestsDesc, prometheus.CounterValue, float64(r.n), r.label)
 	}
-	ch <- prometheus.MustNewConstMetric(pinEntriesDesc, prometheus.GaugeValue, float64(p.entries()))
-	ch <- prometheus.MustNewConstMetric(pinLearnedDesc, prometheus.CounterValue, float64(p.learned.Load()))
+	ch <- prometheus.MustNewConstMetric(pinEntriesDesc, prometheus.GaugeValue, float64(st.Entries))
+	ch <- prometheus.MustNewConstMetric(pinLearnedDesc, prometheus.CounterValue, float64(st.Learned))
 }
