@@ -9,12 +9,10 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/epp"
 	"github.com/kvroute/kvroute/internal/fleet"
-	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -49,21 +47,14 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 	cfg.discovery.register(fs) // discoveryflags.go: --pool-name, --k8s-service, --dns, ...
 	fs.StringVar(&sc.GRPCListen, "grpc-listen", epp.DefaultGRPCListen, "address of the ext_proc and gRPC health services")
 	fs.StringVar(&sc.MetricsListen, "metrics-listen", "", "address of /metrics (empty: not served)")
-	fs.StringVar(&sc.Policy, "policy", "kvroute", "routing policy: "+strings.Join(router.Names(), ", "))
+	core := coreFlags{&sc.Policy, &sc.Fleet, &sc.Router, &po.SessionHeader}
+	core.register(fs) // coreflags.go: --policy, --scrape-interval, --load-factor, ...
 	fs.IntVar(&po.Fallbacks, "fallbacks", 2, "endpoints after the chosen one in the envoy.lb destination list, next-best first, for Envoy's retries")
 	fs.BoolVar(&po.HeaderList, "header-list", false, "put the whole destination list in the x-gateway-destination-endpoint header too (for Envoy's override_host policy; an ORIGINAL_DST cluster needs one address)")
 	fs.IntVar(&po.MaxPerEndpoint, "max-per-endpoint", epp.DefaultMaxPerEndpoint, "most generation requests in flight on one endpoint; past it requests queue, then get 429 (negative: no cap)")
 	fs.IntVar(&po.Admission.MaxQueue, "max-queue", 1024, "most requests waiting for room (negative: none, refuse at once)")
 	fs.DurationVar(&po.Admission.QueueTimeout, "queue-timeout", 30*time.Second, "longest wait for room before 429")
 	fs.BoolVar(&po.IncludeUsage, "include-usage", true, "ask backends for the usage chunk of streams that did not, so the policy learns cached tokens (the client sees the chunk)")
-	fs.StringVar(&po.SessionHeader, "session-header", proxy.DefaultSessionHeader, "request header carrying the session key")
-	fs.DurationVar(&sc.Fleet.ScrapeInterval, "scrape-interval", time.Second, "how often endpoints' /metrics are scraped")
-	fs.DurationVar(&sc.Fleet.HealthInterval, "health-interval", time.Second, "how often endpoints' /health is checked")
-	fs.DurationVar(&sc.Fleet.Timeout, "probe-timeout", fleet.DefaultTimeout, "limit of each /health, /metrics and /v1/models probe")
-	fs.Float64Var(&sc.Router.KVRoute.LoadFactor, "load-factor", 2, "kvroute: no endpoint takes more than this × the mean in-flight requests (+4)")
-	fs.IntVar(&sc.Router.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
-	fs.Uint64Var(&sc.Router.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
-	registerResponsePins(fs, &sc.Router)
 	fs.DurationVar(&cfg.grace, "grace", eppGrace, "on SIGTERM, how long open streams get to finish")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
 	fs.Usage = func() {
@@ -110,21 +101,15 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 	switch {
 	case len(sc.Backends) == 0 && !cfg.discovery.dynamic():
 		return cfg, errors.New("no endpoints: give --pool-name NAME, --endpoint IP:PORT, --backend URL, --config FILE, --k8s-service NAMESPACE/NAME or --dns NAME")
-	case sc.Fleet.ScrapeInterval <= 0 || sc.Fleet.HealthInterval <= 0 || sc.Fleet.Timeout <= 0:
-		return cfg, errors.New("--scrape-interval, --health-interval and --probe-timeout must be positive")
 	case po.Fallbacks < 0:
 		return cfg, fmt.Errorf("--fallbacks must not be negative, got %d", po.Fallbacks)
 	case po.Admission.QueueTimeout < 0:
 		return cfg, errors.New("--queue-timeout must not be negative")
-	case sc.Router.KVRoute.LoadFactor < 1:
-		return cfg, fmt.Errorf("--load-factor must be at least 1, got %v", sc.Router.KVRoute.LoadFactor)
-	case sc.Router.KVRoute.BlockBytes < 16:
-		return cfg, fmt.Errorf("--block-bytes must be at least 16, got %d", sc.Router.KVRoute.BlockBytes)
 	}
 	if po.Admission.MaxQueue == 0 {
 		po.Admission.MaxQueue = -1 // on the command line 0 means none
 	}
-	if err := responsePinsFlag(&sc.Router); err != nil {
+	if err := core.check(); err != nil {
 		return cfg, err
 	}
 	if _, err := router.New(sc.Policy, sc.Backends, sc.Router); err != nil {
@@ -187,23 +172,5 @@ func runPicker(ctx context.Context, cfg eppConfig, log *slog.Logger, ready chan<
 	defer cancel()
 	s.Shutdown(gctx)
 	log.Info("stopped")
-	return nil
-}
-
-// registerResponsePins defines --response-pins, for serve and epp.
-func registerResponsePins(fs *flag.FlagSet, o *router.Options) {
-	fs.IntVar(&o.ResponsePins, "response-pins", router.DefaultResponsePins,
-		"Responses API response ids whose backend is remembered, so that a request with previous_response_id goes back to it (0: none)")
-}
-
-// responsePinsFlag checks --response-pins; on the command line 0 means
-// none, in router.Options the default.
-func responsePinsFlag(o *router.Options) error {
-	switch {
-	case o.ResponsePins < 0:
-		return fmt.Errorf("--response-pins must not be negative, got %d", o.ResponsePins)
-	case o.ResponsePins == 0:
-		o.ResponsePins = -1
-	}
 	return nil
 }

@@ -57,16 +57,9 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.Var(&specs, "backend", "a backend as [name=]URL, e.g. gpu0=http://127.0.0.1:8001 (repeatable)")
 	fs.StringVar(&configPath, "config", "", "YAML file: backends: [{name, url, api_key_env}], and any flag below as a key (first_token_floor: 15s)")
 	cfg.discovery.register(fs) // discoveryflags.go
-	fs.StringVar(&cfg.policy, "policy", "kvroute", "routing policy: "+strings.Join(router.Names(), ", "))
-	fs.StringVar(&cfg.sessionHeader, "session-header", proxy.DefaultSessionHeader, "request header carrying the session key")
-	fs.DurationVar(&cfg.fleet.ScrapeInterval, "scrape-interval", time.Second, "how often backends' /metrics are scraped")
-	fs.DurationVar(&cfg.fleet.HealthInterval, "health-interval", time.Second, "how often backends' /health is checked")
-	fs.DurationVar(&cfg.fleet.Timeout, "probe-timeout", fleet.DefaultTimeout, "limit of each /health, /metrics and /v1/models probe (llama-server answers /metrics only between batches: give it seconds on CPUs)")
-	fs.Float64Var(&cfg.policyOpts.KVRoute.LoadFactor, "load-factor", 2, "kvroute: no backend takes more than this × the mean in-flight requests (+4)")
-	fs.IntVar(&cfg.policyOpts.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
+	core := coreFlags{&cfg.policy, &cfg.fleet, &cfg.policyOpts, &cfg.sessionHeader}
+	core.register(fs) // coreflags.go: --policy, --scrape-interval, --load-factor, ...
 	fs.IntVar(&cfg.policyOpts.KVRoute.Replicas, "replicas", 1, "kvroute: router replicas sharing these backends behind a random split (each scales its load counts and places sessions by consistent hashing)")
-	fs.Uint64Var(&cfg.policyOpts.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
-	registerResponsePins(fs, &cfg.policyOpts) // epp.go
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug (one line per request with its decision), info, warn or error")
 	cfg.logFormat = logText
 	fs.Var(&cfg.logFormat, "log-format", logFormatUsage)
@@ -112,10 +105,6 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	switch {
 	case len(cfg.backends) == 0 && !cfg.discovery.dynamic():
 		return cfg, errors.New("no backends: give --backend URL, --config FILE, --dns NAME, --k8s-service NAMESPACE/NAME or --pool-name NAME")
-	case cfg.fleet.ScrapeInterval <= 0 || cfg.fleet.HealthInterval <= 0 || cfg.fleet.Timeout <= 0:
-		return cfg, errors.New("--scrape-interval, --health-interval and --probe-timeout must be positive")
-	case cfg.policyOpts.KVRoute.LoadFactor < 1:
-		return cfg, fmt.Errorf("--load-factor must be at least 1, got %v", cfg.policyOpts.KVRoute.LoadFactor)
 	case cfg.policyOpts.KVRoute.Replicas < 1:
 		return cfg, fmt.Errorf("--replicas must be at least 1, got %d", cfg.policyOpts.KVRoute.Replicas)
 	case cfg.resilience.MaxAttempts < 1:
@@ -126,10 +115,8 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 		return cfg, errors.New("--first-token-factor and --eject-latency-factor must not be negative")
 	case cfg.connectTimeout <= 0 || cfg.overload.Admission.QueueTimeout < 0:
 		return cfg, errors.New("--connect-timeout must be positive and --queue-timeout not negative")
-	case cfg.policyOpts.KVRoute.BlockBytes < 16:
-		return cfg, fmt.Errorf("--block-bytes must be at least 16, got %d", cfg.policyOpts.KVRoute.BlockBytes)
 	}
-	if err := responsePinsFlag(&cfg.policyOpts); err != nil { // epp.go
+	if err := core.check(); err != nil {
 		return cfg, err
 	}
 	if _, err := router.New(cfg.policy, cfg.backends, cfg.policyOpts); err != nil {

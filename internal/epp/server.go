@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/server"
@@ -34,20 +33,11 @@ var healthServices = []string{"", "liveness", "readiness", extprocv3.ExternalPro
 // Config describes an endpoint picker to start. Policy is required, and
 // Backends or Discovery.
 type Config struct {
-	// Backends are the endpoints (their Index fields numbering them
-	// 0..n-1); their URLs' host:port are what Envoy is told. With
-	// Discovery they are ignored.
-	Backends []*fleet.Backend
-	// Discovery, when not nil, keeps the endpoints current (an
-	// InferencePool's pods, a Service's EndpointSlices, DNS, a file), as
-	// for `kvroute serve` (server.CoreConfig).
-	Discovery *discovery.Discovery
-	// Fleet configures health checks, scrapes and outlier ejection.
-	Fleet fleet.Options
-	// Policy is the routing policy's name (router.Names); Router its
-	// options (Metrics is filled in from the fleet).
-	Policy string
-	Router router.Options
+	// CoreConfig is the fleet and the policy, as for `kvroute serve`: the
+	// endpoints (Backends, whose URLs' host:port are what Envoy is told,
+	// or Discovery: an InferencePool's pods, a Service's EndpointSlices,
+	// DNS, a file), their health checks, the policy, the Logger.
+	server.CoreConfig
 	// Picker configures the picker; its Fleet and Router are filled in.
 	Picker Options
 	// GRPCListen is the ext_proc and health address (default :9002).
@@ -55,8 +45,6 @@ type Config struct {
 	// MetricsListen, when not empty, serves /metrics on a listener of its
 	// own.
 	MetricsListen string
-	// Logger receives the components' logs; nil means slog.Default().
-	Logger *slog.Logger
 }
 
 // Server is a running endpoint picker.
@@ -86,8 +74,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	core, err := server.NewCore(ctx, server.CoreConfig{Backends: cfg.Backends, Discovery: cfg.Discovery,
-		Fleet: cfg.Fleet, Policy: cfg.Policy, Router: cfg.Router, Logger: log})
+	cfg.Logger = log
+	core, err := server.NewCore(ctx, cfg.CoreConfig)
 	if err != nil {
 		return nil, err
 	}

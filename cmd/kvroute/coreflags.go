@@ -1,0 +1,56 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/router"
+)
+
+// coreFlags are where serve and epp keep what the flags they share decide:
+// the policy and its options, the fleet's probes (server.CoreConfig), the
+// session header.
+type coreFlags struct {
+	policy        *string
+	fleet         *fleet.Options
+	router        *router.Options
+	sessionHeader *string
+}
+
+// register defines the shared flags on fs.
+func (c coreFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(c.policy, "policy", "kvroute", "routing policy: "+strings.Join(router.Names(), ", "))
+	fs.StringVar(c.sessionHeader, "session-header", proxy.DefaultSessionHeader, "request header carrying the session key")
+	fs.DurationVar(&c.fleet.ScrapeInterval, "scrape-interval", time.Second, "how often backends' /metrics are scraped")
+	fs.DurationVar(&c.fleet.HealthInterval, "health-interval", time.Second, "how often backends' /health is checked")
+	fs.DurationVar(&c.fleet.Timeout, "probe-timeout", fleet.DefaultTimeout, "limit of each /health, /metrics and /v1/models probe (llama-server answers /metrics only between batches: give it seconds on CPUs)")
+	fs.Float64Var(&c.router.KVRoute.LoadFactor, "load-factor", 2, "kvroute: no backend takes more than this × the mean in-flight requests (+4)")
+	fs.IntVar(&c.router.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
+	fs.Uint64Var(&c.router.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
+	fs.IntVar(&c.router.ResponsePins, "response-pins", router.DefaultResponsePins,
+		"Responses API response ids whose backend is remembered, so that a request with previous_response_id goes back to it (0: none)")
+}
+
+// check validates the shared flags once parsed; on the command line
+// --response-pins 0 means none, in router.Options the default.
+func (c coreFlags) check() error {
+	f, o := c.fleet, c.router
+	switch {
+	case f.ScrapeInterval <= 0 || f.HealthInterval <= 0 || f.Timeout <= 0:
+		return errors.New("--scrape-interval, --health-interval and --probe-timeout must be positive")
+	case o.KVRoute.LoadFactor < 1:
+		return fmt.Errorf("--load-factor must be at least 1, got %v", o.KVRoute.LoadFactor)
+	case o.KVRoute.BlockBytes < 16:
+		return fmt.Errorf("--block-bytes must be at least 16, got %d", o.KVRoute.BlockBytes)
+	case o.ResponsePins < 0:
+		return fmt.Errorf("--response-pins must not be negative, got %d", o.ResponsePins)
+	case o.ResponsePins == 0:
+		o.ResponsePins = -1
+	}
+	return nil
+}
