@@ -57,6 +57,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		s.notFound(w, r)
 	default:
+		// A stored response, GET /v1/responses/{id} (responses.go).
+		if id, ok := strings.CutPrefix(r.URL.Path, "/v1/responses/"); ok && id != "" && !strings.Contains(id, "/") {
+			if allow(w, r, http.MethodGet, http.MethodHead) {
+				s.handleStoredResponse(w, id)
+			}
+			return
+		}
 		s.notFound(w, r)
 	}
 }

@@ -38,33 +38,56 @@ type responsesRequest struct {
 	Store              *bool           `json:"store"`
 }
 
-// responseStore holds the conversations (input and output, as chat
-// messages) of the responses produced, by id. Safe for concurrent use.
+// responseStore holds the responses produced, by id: the response object
+// and its conversation (input and output, as chat messages). Safe for
+// concurrent use.
 type responseStore struct {
 	mu    sync.Mutex
-	convs map[string][]tokenizer.Message
+	byID  map[string]storedResponse
 	order []string // ids, oldest first
 }
 
-func (st *responseStore) get(id string) ([]tokenizer.Message, bool) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	m, ok := st.convs[id]
-	return m, ok
+type storedResponse struct {
+	obj  *responseObject
+	conv []tokenizer.Message
 }
 
-func (st *responseStore) put(id string, conv []tokenizer.Message) {
+func (st *responseStore) get(id string) (storedResponse, bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.convs == nil {
-		st.convs = map[string][]tokenizer.Message{}
+	r, ok := st.byID[id]
+	return r, ok
+}
+
+func (st *responseStore) put(id string, r storedResponse) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.byID == nil {
+		st.byID = map[string]storedResponse{}
 	}
 	if len(st.order) >= maxStoredResponses {
-		delete(st.convs, st.order[0])
+		delete(st.byID, st.order[0])
 		st.order = st.order[1:]
 	}
-	st.convs[id] = conv
+	st.byID[id] = r
 	st.order = append(st.order, id)
+}
+
+// handleStoredResponse answers GET /v1/responses/{id}: the response, as
+// it was returned, if this server produced it and stores it.
+func (s *Server) handleStoredResponse(w http.ResponseWriter, id string) {
+	r, ok := s.responses.get(id)
+	if !ok {
+		writeError(w, responseNotFound(id, ""))
+		return
+	}
+	writeJSON(w, http.StatusOK, r.obj)
+}
+
+// responseNotFound is vLLM's answer for a response id it does not hold.
+func responseNotFound(id, param string) *openai.Error {
+	return &openai.Error{Status: http.StatusNotFound, Type: openai.TypeInvalidRequest, Param: param,
+		Code: "response_not_found", Message: fmt.Sprintf("Response with id '%s' not found.", id)}
 }
 
 func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
@@ -91,7 +114,8 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	x.events = &responseEvents{s: s, x: x}
 	if req.Store == nil || *req.Store {
 		x.done = func(c *call) {
-			s.responses.put(x.id, append(conv, tokenizer.Message{Role: "assistant", Content: strings.Join(c.pieces, "")}))
+			s.responses.put(x.id, storedResponse{obj: s.response(x, c, true),
+				conv: append(conv, tokenizer.Message{Role: "assistant", Content: strings.Join(c.pieces, "")})})
 		}
 	}
 	s.serve(w, r, x, tokenizer.EncodeChat(nil, conv, true), "input")
@@ -106,12 +130,11 @@ func (s *Server) responsesConversation(req *responsesRequest) ([]tokenizer.Messa
 		conv = append(conv, tokenizer.Message{Role: "system", Content: *req.Instructions})
 	}
 	if id := req.PreviousResponseID; id != nil && *id != "" {
-		prev, ok := s.responses.get(*id)
+		stored, ok := s.responses.get(*id)
 		if !ok {
-			return nil, &openai.Error{Status: http.StatusNotFound, Type: openai.TypeInvalidRequest,
-				Param: "previous_response_id", Code: "response_not_found",
-				Message: fmt.Sprintf("Response with id '%s' not found.", *id)}
+			return nil, responseNotFound(*id, "previous_response_id")
 		}
+		prev := stored.conv
 		// The stored conversation starts with its own instructions; this
 		// request's, if any, replace them (as OpenAI's do).
 		if len(conv) > 0 && len(prev) > 0 && prev[0].Role == "system" {

@@ -59,6 +59,20 @@ func TestResponsesContinueStoredConversations(t *testing.T) {
 			r2.Usage.InputTokens, r2.Usage.InputTokensDetails.CachedTokens, r1.Usage.InputTokens, r1.Usage.OutputTokens)
 	}
 
+	got, err := http.Get(url + "/" + r2.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored respJSON
+	if err := json.NewDecoder(got.Body).Decode(&stored); err != nil || got.StatusCode != http.StatusOK || stored.ID != r2.ID ||
+		stored.Output[0].Content[0].Text != r2.Output[0].Content[0].Text {
+		t.Errorf("GET the stored response: %d %+v %v", got.StatusCode, stored, err)
+	}
+	got.Body.Close()
+	if got, err := http.Get(url + "/resp_elsewhere"); err != nil || got.StatusCode != http.StatusNotFound {
+		t.Errorf("GET an unknown response: %v %v, want 404", got.StatusCode, err)
+	}
+
 	resp, body = post(t, url, map[string]any{"model": testModel, "previous_response_id": "resp_elsewhere", "input": "hi"})
 	if resp.StatusCode != http.StatusNotFound || !bytes.Contains(body, []byte("resp_elsewhere")) {
 		t.Errorf("unknown previous_response_id: %d %s, want 404", resp.StatusCode, body)

@@ -2,6 +2,7 @@ package epp
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -92,6 +93,9 @@ type envoy struct {
 	http *http.Client
 	// chunks is how many pieces the request body is sent in.
 	chunks int
+	// method is the requests' method (default POST); a request without a
+	// body ends with its headers.
+	method string
 }
 
 // exchangeResult is what one request through the harness saw.
@@ -119,17 +123,23 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 	if err != nil {
 		return res, err
 	}
-	hs := []*corev3.HeaderValue{hv(":method", "POST"), hv(":path", path), hv(":authority", "gateway"),
-		hv("content-type", "application/json"), hv("content-length", strconv.Itoa(len(body)))}
+	method := cmp.Or(e.method, http.MethodPost)
+	hs := []*corev3.HeaderValue{hv(":method", method), hv(":path", path), hv(":authority", "gateway")}
+	if body != nil {
+		hs = append(hs, hv("content-type", "application/json"), hv("content-length", strconv.Itoa(len(body))))
+	}
 	for k, v := range headers {
 		hs = append(hs, hv(k, v))
 	}
 	// Headers, then every body chunk, without waiting for any reply.
 	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
-		RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: hs}}}}); err != nil {
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: hs}, EndOfStream: body == nil}}}); err != nil {
 		return res, err
 	}
 	n := max(e.chunks, 1)
+	if body == nil {
+		n = 0
+	}
 	for i := range n {
 		part := body[i*len(body)/n : (i+1)*len(body)/n]
 		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
@@ -189,7 +199,7 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 
 	// Then the body, as streamed body responses, to end_of_stream.
 	var fwd []byte
-	for {
+	for body != nil {
 		m, err := st.Recv()
 		if err != nil {
 			return res, err
@@ -203,12 +213,12 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 			break
 		}
 	}
-	if contentLength != len(fwd) {
+	if body != nil && contentLength != len(fwd) {
 		return res, fmt.Errorf("content-length %d for a body of %d bytes", contentLength, len(fwd))
 	}
 
 	// Envoy connects to the chosen endpoint (ORIGINAL_DST).
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+res.list[0]+path, bytes.NewReader(fwd))
+	req, _ := http.NewRequestWithContext(ctx, method, "http://"+res.list[0]+path, bytes.NewReader(fwd))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := e.http.Do(req)
 	if err != nil {

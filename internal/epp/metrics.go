@@ -14,7 +14,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvroute_epp_requests_total",
-			Help: "Requests by what the picker did: routed, by_load, refused (429), no_endpoint (503), bad_request, too_large, error; " +
+			Help: "Requests by what the picker did: routed, by_load, by_response (a stored response's, to its endpoint), refused (429), no_endpoint (503), bad_request, too_large, error; " +
 				"and how routed ones ended early: served_by_fallback, cut."}, []string{"outcome"}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvroute_epp_streams",
 			Help: "ext_proc streams open: requests between their headers and their response's end."}),

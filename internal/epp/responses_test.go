@@ -42,6 +42,16 @@ func TestResponsesStayWithTheirEndpoint(t *testing.T) {
 					}
 					home, prev = res.list[0], responseID(t, res.body, stream)
 				}
+				// The stored response is read where it is stored.
+				env.method = http.MethodGet
+				res, err := env.do(ctx, "/v1/responses/"+prev, nil, nil)
+				env.method = ""
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.status != http.StatusOK || res.list[0] != home || responseID(t, res.body, false) != prev {
+					t.Fatalf("GET %s: status %d from %v, want it from %s: %s", prev, res.status, res.list, home, res.body)
+				}
 			}
 			if st := s.Router.PinStats(); st.Pinned != 12 || st.Gone+st.Unknown != 0 || st.Learned != 16 {
 				t.Errorf("pins %+v: want 12 pinned (3 continuations in each of 4 conversations), 16 learned", st)

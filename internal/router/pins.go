@@ -86,9 +86,7 @@ func (p *pins) narrow(id string, cands []*fleet.Backend) (_ []*fleet.Backend, pi
 	if p == nil || id == "" {
 		return cands, false
 	}
-	p.mu.Lock()
-	b, ok := p.byID[xxhash.Sum64String(id)]
-	p.mu.Unlock()
+	b, ok := p.lookup(id)
 	switch {
 	case !ok:
 		p.unknown.Add(1)
@@ -99,6 +97,27 @@ func (p *pins) narrow(id string, cands []*fleet.Backend) (_ []*fleet.Backend, pi
 	}
 	p.pinned.Add(1)
 	return []*fleet.Backend{b}, true
+}
+
+// lookup returns the backend that produced the response id, if known.
+func (p *pins) lookup(id string) (*fleet.Backend, bool) {
+	if p == nil || id == "" {
+		return nil, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b, ok := p.byID[xxhash.Sum64String(id)]
+	return b, ok
+}
+
+// ResponseBackend returns the backend that produced the Responses API
+// response id, as the router learned it, or nil if it does not know: the
+// one backend that can answer a request about a stored response (GET
+// /v1/responses/{id}, its cancel and input items). Counted in no metric.
+// Safe for concurrent use.
+func (r *Router) ResponseBackend(id string) *fleet.Backend {
+	b, _ := r.pins.lookup(id)
+	return b
 }
 
 // entries is the number of ids held.
