@@ -2,9 +2,18 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 func TestParseEppFlags(t *testing.T) {
@@ -81,5 +90,65 @@ func TestRunEppHelp(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if code := run([]string{"epp", "-h"}, &stdout, &stderr); code != 0 || !strings.Contains(stderr.String(), "-grpc-listen") {
 		t.Errorf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+// TestRunPickerFollowsConfigFile runs `kvroute epp --config FILE` in this
+// process: while the file lists only an endpoint that does not answer the
+// picker is not ready; once it lists an emulator, its gRPC readiness turns
+// SERVING without a restart.
+func TestRunPickerFollowsConfigFile(t *testing.T) {
+	urls := startEmulators(t, 1) // serve_test.go
+	file := filepath.Join(t.TempDir(), "fleet.yaml")
+	if err := os.WriteFile(file, []byte("backends:\n  - {name: dead, url: "+deadURL(t)+"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parseEppFlags([]string{"--config", file, "--config-interval", "50ms", "--health-interval", "50ms",
+		"--grpc-listen", "127.0.0.1:0"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan string, 1), make(chan error, 1)
+	go func() { done <- runPicker(ctx, cfg, slog.New(slog.DiscardHandler), ready) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		t.Fatalf("runPicker: %v", err)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	status := func() healthpb.HealthCheckResponse_ServingStatus {
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetStatus()
+	}
+	if s := status(); s != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("readiness %v with no endpoint answering, want NOT_SERVING", s)
+	}
+	tmp := file + ".new"
+	if err := os.WriteFile(tmp, []byte("backends:\n  - {name: gpu0, url: "+urls[0]+"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, file); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); status() != healthpb.HealthCheckResponse_SERVING; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the picker never became ready after the file listed an endpoint")
+		}
 	}
 }
