@@ -2,10 +2,13 @@ package router
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvroute/kvroute/internal/fleet"
 )
 
 func TestPinsForgetTheOldest(t *testing.T) {
@@ -92,3 +95,38 @@ func TestRouteFollowsResponses(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkPins measures learning a response id and looking one up, as
+// every Responses API request does, from many goroutines at once, with
+// the pins full; and reports the heap an id takes.
+func BenchmarkPins(b *testing.B) {
+	bs := backends(8)
+	ids := make([]string, DefaultResponsePins)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("resp_%032x", i)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	p := newPins(DefaultResponsePins)
+	for i, id := range ids {
+		p.learn(id, bs[i%8])
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	perID := float64(after.HeapAlloc-before.HeapAlloc) / float64(len(ids))
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			i++
+			p.learn(ids[i%len(ids)], bs[i%8])
+			pinSink, _ = p.narrow(ids[(i*7919)%len(ids)], bs)
+		}
+	})
+	runtime.KeepAlive(p)
+	b.ReportMetric(perID, "heap-B/id")
+}
+
+var pinSink []*fleet.Backend
