@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/peers"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/server"
@@ -101,6 +102,10 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.Float64Var(&cfg.policyOpts.KVRoute.LoadFactor, "load-factor", 2, "kvroute: no backend takes more than this × the mean in-flight requests (+4)")
 	fs.IntVar(&cfg.policyOpts.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
 	fs.IntVar(&cfg.policyOpts.KVRoute.Replicas, "replicas", 1, "kvroute: router replicas sharing these backends behind a random split (each scales its load counts and places sessions by consistent hashing)")
+	fs.Var((*stringList)(&cfg.server.Peers.Peers), "peer", "another router replica, http://HOST:PORT of its metrics listener (or API, without one), or dns+http://NAME:PORT for every address of a headless Service: its in-flight counts are added to this replica's (repeatable; needs --replicas)")
+	fs.DurationVar(&cfg.server.Peers.Interval, "peer-interval", peers.DefaultInterval, "how often the --peer replicas' counts are polled")
+	fs.DurationVar(&cfg.server.Peers.Timeout, "peer-timeout", peers.DefaultTimeout, "limit of one poll of one --peer")
+	fs.DurationVar(&cfg.policyOpts.KVRoute.PeerMaxAge, "peer-max-age", router.DefaultPeerMaxAge, "a --peer's counts older than this stop counting; the replica then scales its own by --replicas")
 	fs.Uint64Var(&cfg.policyOpts.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug (one line per request with its decision), info, warn or error")
 	cfg.logFormat = logText
@@ -160,6 +165,10 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 		return cfg, fmt.Errorf("--load-factor must be at least 1, got %v", cfg.policyOpts.KVRoute.LoadFactor)
 	case cfg.policyOpts.KVRoute.Replicas < 1:
 		return cfg, fmt.Errorf("--replicas must be at least 1, got %d", cfg.policyOpts.KVRoute.Replicas)
+	case len(cfg.server.Peers.Peers) > 0 && cfg.policyOpts.KVRoute.Replicas < 2:
+		return cfg, errors.New("--peer needs --replicas N: the number of router replicas, this one included")
+	case cfg.server.Peers.Interval <= 0 || cfg.server.Peers.Timeout <= 0 || cfg.policyOpts.KVRoute.PeerMaxAge <= 0:
+		return cfg, errors.New("--peer-interval, --peer-timeout and --peer-max-age must be positive")
 	case cfg.resilience.MaxAttempts < 1:
 		return cfg, fmt.Errorf("--max-attempts must be at least 1, got %d", cfg.resilience.MaxAttempts)
 	case cfg.resilience.RetryBudget < 0 || cfg.resilience.RetryBudget > 1:
@@ -173,6 +182,9 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	}
 	if _, err := router.New(cfg.policy, cfg.backends, cfg.policyOpts); err != nil {
 		return cfg, err
+	}
+	if err := peers.Validate(cfg.server.Peers.Peers); err != nil {
+		return cfg, fmt.Errorf("--peer: %w", err)
 	}
 	if err := cfg.security.resolve(cfg.backends); err != nil { // securityflags.go
 		return cfg, err

@@ -41,6 +41,9 @@ func TestParseServeFlags(t *testing.T) {
 		{"bad dns interval", []string{"--dns", "vllm", "--dns-interval", "0s"}, "dns-interval", 0},
 		{"k8s only", []string{"--k8s-service", "ai/vllm", "--k8s-port-name", "http"}, "", 0},
 		{"bad k8s service", []string{"--k8s-service", "vllm"}, "--k8s-service", 0},
+		{"peers", []string{"--backend", "http://127.0.0.1:9001", "--replicas", "3", "--peer", "http://10.0.0.2:9091", "--peer", "dns+http://kvroute-peers.ai.svc:9091"}, "", 1},
+		{"peer without replicas", []string{"--backend", "http://127.0.0.1:9001", "--peer", "http://10.0.0.2:9091"}, "--replicas", 0},
+		{"bad peer", []string{"--backend", "http://127.0.0.1:9001", "--replicas", "2", "--peer", "10.0.0.2:9091"}, "--peer", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -54,6 +54,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV blocks per server (default: the profile's)")
 	fs.IntVar(&blockSize, "block-size", 0, "KV block of the servers in tokens, their KV capacity in tokens kept (default: the profile's; 512, the block of Mooncake's traces, simulates a large fleet many times faster)")
 	fs.DurationVar(&sf.cfg.Scrape, "scrape-interval", time.Second, "how often each router replica reads the servers' metrics")
+	fs.DurationVar(&sf.cfg.Gossip, "gossip", 0, "how often router replicas share their in-flight counts, as serve's --peer does every --peer-interval (0: never)")
 	fs.BoolVar(&sf.cfg.ReplicaUnaware, "replica-unaware", false, "do not tell kvroute how many replicas share the fleet (to measure what that saves)")
 	fs.BoolVar(&sf.cfg.Text, "text", false, "traces: render prompts as text and tokenize them, as the live bench does (slower)")
 	fs.IntVar(&sf.cfg.KeepRequests, "keep-requests", 100_000, "per-request results kept in results.json (an even sample beyond; -1: all)")
