@@ -1,7 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -46,18 +49,32 @@ func parsePolicies(list string, all []string, external func(string) bool) ([]str
 	return names, nil
 }
 
-// loadWorkload loads the workload spec names (multiturn without a path reads
-// the MT-Bench prompts beside the checkout) and returns it with the default
-// output directory out/PREFIX-NAME.
+// defaultData is the data file each trace workload reads when its spec
+// names no path.
+var defaultData = map[string]string{
+	"multiturn": workload.DefaultMTBench,
+	"mooncake":  "mooncake/conversation_trace.jsonl",
+	"azure":     "azure/AzureLLMInferenceTrace_conv.csv",
+}
+
+// loadWorkload loads the workload spec names (a trace workload without a
+// path reads its data set from ../shared/data or the data directory) and
+// returns it with the default output directory out/PREFIX-NAME. A data file
+// that is missing is an error naming `kvroute data fetch`.
 func loadWorkload(spec string, opts workload.Options, prefix string) (workload.Workload, string, error) {
-	if spec == "multiturn" {
-		path, err := shareddata.Path(workload.DefaultMTBench)
+	name, path, hasPath := strings.Cut(spec, ":")
+	if file, ok := defaultData[name]; ok && !hasPath {
+		p, err := shareddata.Path(file)
 		if err != nil {
-			return workload.Workload{}, "", fmt.Errorf("multiturn: %w (or give multiturn:PATH)", err)
+			return workload.Workload{}, "", fmt.Errorf("workload %s: %w (or give %s:PATH)", name, err, name)
 		}
-		spec += ":" + path
+		spec += ":" + p
+	} else if _, ok := defaultData[name]; ok {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return workload.Workload{}, "", fmt.Errorf("workload %s: %s does not exist; `%s` downloads the public data sets (docs/data.md)",
+				name, path, shareddata.FetchStep)
+		}
 	}
 	w, err := workload.Load(spec, opts)
-	name, _, _ := strings.Cut(spec, ":")
 	return w, filepath.Join("out", prefix+"-"+name), err
 }
