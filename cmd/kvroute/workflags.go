@@ -70,11 +70,27 @@ func loadWorkload(spec string, opts workload.Options, prefix string) (workload.W
 		}
 		spec += ":" + p
 	} else if _, ok := defaultData[name]; ok {
-		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			return workload.Workload{}, "", fmt.Errorf("workload %s: %s does not exist; `%s` downloads the public data sets (docs/data.md)",
-				name, path, shareddata.FetchStep)
+		p, err := dataFile(path)
+		if err != nil {
+			return workload.Workload{}, "", fmt.Errorf("workload %s: %w", name, err)
 		}
+		spec = name + ":" + p
 	}
 	w, err := workload.Load(spec, opts)
 	return w, filepath.Join("out", prefix+"-"+name), err
+}
+
+// dataFile returns path when it exists. A missing path into ../shared/data
+// (as the docs' commands, written for CI, give it) is looked up where
+// `kvroute data fetch` puts the same file; otherwise its absence is an error
+// naming that step.
+func dataFile(path string) (string, error) {
+	_, err := os.Stat(path)
+	if !errors.Is(err, fs.ErrNotExist) {
+		return path, nil // there, or an error the workload reports
+	}
+	if _, name, ok := strings.Cut(filepath.ToSlash(path), "shared/data/"); ok {
+		return shareddata.Path(name)
+	}
+	return "", fmt.Errorf("%s does not exist; `%s` downloads the public data sets (docs/data.md)", path, shareddata.FetchStep)
 }
