@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -212,5 +214,39 @@ func TestServeEndToEnd(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Errorf("/readyz = %d with two live backends", resp.StatusCode)
+	}
+}
+
+// On SIGTERM serve says so and logs each step of the drain: an operator
+// watching the logs knows why the router stopped answering.
+func TestServeLogsTheDrainOnSIGTERM(t *testing.T) {
+	urls := startEmulators(t, 1)
+	cfg, err := parseServeFlags([]string{"--listen", "127.0.0.1:0", "--metrics-listen", "", "--drain-delay", "10ms",
+		"--backend", urls[0]}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	ctx, stop := signalContext()
+	defer stop()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, newLogger(&logs, logText, slog.LevelInfo), ready) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("serve: %v", err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`msg="shutting down" signal="terminated signal received"`,
+		`msg="draining: /readyz answers 503`, `msg="draining: no longer accepting`, `msg=stopped`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the logs lack %s:\n%s", want, logs.String())
+		}
 	}
 }
