@@ -66,3 +66,48 @@ func TestDocsReferToFilesThatExist(t *testing.T) {
 		}
 	}
 }
+
+var (
+	// reasonLine is a line of the router that sets a routing reason; its
+	// last string literal is the reason.
+	reasonLine = regexp.MustCompile(`(?i)^\s*[^/]*\breason\w*\b[^"]*(?:=|:)[^"]*(?:"[^"]*"[^"]*)*"([a-z][a-z0-9-]*)"`)
+	decideCall = regexp.MustCompile(`decide\([^,]+, "([a-z][a-z0-9-]*)"`)
+)
+
+// TestReadmeListsEveryRouteReason: every X-Kvroute-Route value the policies
+// set (read from their source) is in the README's table of them.
+func TestReadmeListsEveryRouteReason(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, _ := strings.Cut(string(readme), "| policy | `X-Kvroute-Route` |")
+	table, _, _ = strings.Cut(table, "\n\n")
+	files, _ := filepath.Glob(filepath.Join("..", "..", "internal", "router", "*.go"))
+	files = append(files, filepath.Join("..", "..", "internal", "proxy", "forward.go"))
+	reasons := map[string]string{}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(src), "\n") {
+			for _, re := range []*regexp.Regexp{reasonLine, decideCall} {
+				if m := re.FindStringSubmatch(line); m != nil {
+					reasons[m[1]] = filepath.Base(f) + ":" + strconv.Itoa(i+1)
+				}
+			}
+		}
+	}
+	if len(reasons) < 10 {
+		t.Fatalf("found only %d reasons in the source: %v", len(reasons), reasons)
+	}
+	for r, where := range reasons {
+		if !strings.Contains(table, "`"+r+"`") {
+			t.Errorf("the README's X-Kvroute-Route table lacks `%s` (set at %s)", r, where)
+		}
+	}
+}
