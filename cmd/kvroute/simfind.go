@@ -22,6 +22,7 @@ type findFile struct {
 	Description string       `json:"description"`
 	Profile     string       `json:"profile"`
 	Routers     int          `json:"routers"`
+	Tile        int          `json:"tile,omitempty"`
 	Seed        uint64       `json:"seed"`
 	SLOMillis   float64      `json:"slo_ttft_p99_ms"`
 	Created     time.Time    `json:"created"`
@@ -40,6 +41,7 @@ type findPolicy struct {
 	Trials      []findTrial `json:"trials"`
 }
 
+// findTrial is one fleet size tried, with its p99 TTFT in milliseconds.
 type findTrial struct {
 	Backends  int     `json:"backends"`
 	TTFTP99ms float64 `json:"ttft_p99_ms"`
@@ -52,8 +54,8 @@ func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisec
 // writeFindResults prints why each policy that met no fleet failed and
 // what is reachable, and writes find.json into dir.
 func writeFindResults(w io.Writer, cfg sim.Config, found []sim.Found, slo time.Duration, dir string) error {
-	out := findFile{Workload: cfg.Workload.Name, Description: cfg.Workload.Description, Profile: cfg.Profile.Name,
-		Routers: cfg.Routers, Seed: cfg.Seed, SLOMillis: millis(slo), Created: time.Now().UTC()}
+	out := findFile{Workload: cfg.Workload.Name, Description: tiledDescription(cfg), Profile: cfg.Profile.Name,
+		Routers: cfg.Routers, Tile: cfg.Tile, Seed: cfg.Seed, SLOMillis: millis(slo), Created: time.Now().UTC()}
 	for _, f := range found {
 		p := findPolicy{Policy: f.Policy, Backends: f.Backends, TTFTP99ms: millis(f.TTFTP99), HitRate: f.HitRate, Floor: f.Floor}
 		for _, tr := range f.Trials {

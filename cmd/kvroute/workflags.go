@@ -63,18 +63,17 @@ var defaultData = map[string]string{
 // that is missing is an error naming `kvroute data fetch`.
 func loadWorkload(spec string, opts workload.Options, prefix string) (workload.Workload, string, error) {
 	name, path, hasPath := strings.Cut(spec, ":")
-	if file, ok := defaultData[name]; ok && !hasPath {
-		p, err := shareddata.Path(file)
-		if err != nil {
-			return workload.Workload{}, "", fmt.Errorf("workload %s: %w (or give %s:PATH)", name, err, name)
+	if file, ok := defaultData[name]; ok {
+		var err error
+		if hasPath {
+			path, err = dataFile(path)
+		} else if path, err = shareddata.Path(file); err != nil {
+			err = fmt.Errorf("%w (or give %s:PATH)", err, name)
 		}
-		spec += ":" + p
-	} else if _, ok := defaultData[name]; ok {
-		p, err := dataFile(path)
 		if err != nil {
 			return workload.Workload{}, "", fmt.Errorf("workload %s: %w", name, err)
 		}
-		spec = name + ":" + p
+		spec = name + ":" + path
 	}
 	w, err := workload.Load(spec, opts)
 	return w, filepath.Join("out", prefix+"-"+name), err
