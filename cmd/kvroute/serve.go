@@ -37,8 +37,9 @@ type serveConfig struct {
 	sessionHeader  string
 	logLevel       slog.Level
 	logFormat      logFormat
-	security       securityConfig // securityflags.go
-	tracing        tracingConfig  // tracingflags.go
+	security       securityConfig     // securityflags.go
+	tracing        tracingConfig      // tracingflags.go
+	duplicates     []duplicateBackend // dedupe.go: --backend flags dropped, logged at start
 }
 
 // discoveryConfig is what the discovery flags decide: with a --config file
@@ -138,6 +139,10 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 		if err != nil {
 			return cfg, err
 		}
+		if other := sameServer(cfg.backends, b.URL); other != nil { // dedupe.go
+			cfg.duplicates = append(cfg.duplicates, duplicateBackend{b.Name, b.URL.String(), other.Name})
+			continue
+		}
 		for _, other := range cfg.backends {
 			if other.Name == b.Name {
 				return cfg, fmt.Errorf("backend name %q used twice", b.Name)
@@ -201,6 +206,9 @@ func runServe(args []string, _, stderr io.Writer) int {
 		return code
 	}
 	log := newLogger(stderr, cfg.logFormat, cfg.logLevel)
+	for _, d := range cfg.duplicates {
+		log.Warn("backend given twice: routing to it once", "backend", d.name, "url", d.url, "same_as", d.kept)
+	}
 	ctx, stop := signalContext()
 	defer stop()
 	if err := serve(ctx, cfg, log, nil); err != nil {

@@ -141,7 +141,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	started := time.Now()
 	if sf.find.SLO > 0 {
 		fmt.Fprintf(stdout, "kvroute sim --find-backends: %s\n%s servers, %d router replica(s); p99 TTFT objective %v; policies %s\n\n",
-			cfg.Workload.Description, cfg.Profile.Name, cfg.Routers, sf.find.SLO, strings.Join(cfg.Policies, ", "))
+			tiledDescription(cfg), cfg.Profile.Name, cfg.Routers, sf.find.SLO, strings.Join(cfg.Policies, ", "))
 		cfg.Progress = nil
 		res, err := sim.FindBackends(ctx, cfg, sf.find, func(policy string, n int, p99 time.Duration, met bool) {
 			mark := "✗"
@@ -155,11 +155,15 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		sim.WriteFindTable(stdout, res, sf.find.SLO)
+		if err := writeFindResults(stdout, cfg, res, sf.find.SLO, sf.out); err != nil { // simfind.go
+			fmt.Fprintf(stderr, "kvroute sim: %v\n", err)
+			return 1
+		}
 		fmt.Fprintf(stdout, "\n(%v of wall time)\n", time.Since(started).Round(time.Millisecond))
 		return 0
 	}
 	fmt.Fprintf(stdout, "kvroute sim: %s\n%d × %s, %d router replica(s), virtual time; policies %s\n\n",
-		cfg.Workload.Description, cfg.Backends, cfg.Profile.Name, cfg.Routers, strings.Join(cfg.Policies, ", "))
+		tiledDescription(cfg), cfg.Backends, cfg.Profile.Name, cfg.Routers, strings.Join(cfg.Policies, ", "))
 	rep, stats, err := sim.RunStats(ctx, cfg)
 	if rep != nil && len(rep.Runs) > 0 {
 		if werr := writeReport(stdout, rep, sf.out); werr != nil {
@@ -179,6 +183,15 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "(%v of wall time in all; peak resident memory %s)\n",
 		time.Since(started).Round(time.Millisecond), peakRSS())
 	return 0
+}
+
+// tiledDescription describes the workload as the simulation plays it: with
+// --tile, its copies and their requests in all.
+func tiledDescription(cfg sim.Config) string {
+	if cfg.Tile <= 1 {
+		return cfg.Workload.Description
+	}
+	return fmt.Sprintf("%s; tiled %d×: %d requests in all", cfg.Workload.Description, cfg.Tile, cfg.Tile*cfg.Workload.Requests())
 }
 
 // peakRSS reports the process's peak resident memory (Linux's VmHWM), or
