@@ -30,6 +30,7 @@ var commands = []command{
 	{"demo", "compare round-robin and kvroute on an emulated fleet, in this process", runDemo},
 	{"epp", "the endpoint picker of the Gateway API Inference Extension: an Envoy ext_proc server routing with kvroute", runEpp},
 	{"emulate", "serve emulated vLLM servers (OpenAI API, vLLM metrics) driven by the engine model", runEmulate},
+	{"data", "fetch the public traces and prompts the trace workloads read (docs/data.md), or list where they are", runData},
 	{"version", "print the version, the commit and the Go toolchain (also --version)", runVersion},
 }
 

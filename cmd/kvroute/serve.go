@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/peers"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/server"
@@ -33,8 +34,9 @@ type serveConfig struct {
 	sessionHeader  string
 	logLevel       slog.Level
 	logFormat      logFormat
-	security       securityConfig // securityflags.go
-	tracing        tracingConfig  // tracingflags.go
+	security       securityConfig     // securityflags.go
+	tracing        tracingConfig      // tracingflags.go
+	duplicates     []duplicateBackend // dedupe.go: --backend flags dropped, logged at start
 }
 
 // stringList is a repeatable string flag.
@@ -60,6 +62,10 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	core := coreFlags{&cfg.policy, &cfg.fleet, &cfg.policyOpts, &cfg.sessionHeader}
 	core.register(fs) // coreflags.go: --policy, --scrape-interval, --load-factor, ...
 	fs.IntVar(&cfg.policyOpts.KVRoute.Replicas, "replicas", 1, "kvroute: router replicas sharing these backends behind a random split (each scales its load counts and places sessions by consistent hashing)")
+	fs.Var((*stringList)(&cfg.server.Peers.Peers), "peer", "another router replica, http://HOST:PORT of its metrics listener (or API, without one), or dns+http://NAME:PORT for every address of a headless Service: its in-flight counts are added to this replica's (repeatable; needs --replicas)")
+	fs.DurationVar(&cfg.server.Peers.Interval, "peer-interval", peers.DefaultInterval, "how often the --peer replicas' counts are polled")
+	fs.DurationVar(&cfg.server.Peers.Timeout, "peer-timeout", peers.DefaultTimeout, "limit of one poll of one --peer")
+	fs.DurationVar(&cfg.policyOpts.KVRoute.PeerMaxAge, "peer-max-age", router.DefaultPeerMaxAge, "a --peer's counts older than this stop counting; the replica then scales its own by --replicas")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug (one line per request with its decision), info, warn or error")
 	cfg.logFormat = logText
 	fs.Var(&cfg.logFormat, "log-format", logFormatUsage)
@@ -91,6 +97,10 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 		if err != nil {
 			return cfg, err
 		}
+		if other := sameServer(cfg.backends, b.URL); other != nil { // dedupe.go
+			cfg.duplicates = append(cfg.duplicates, duplicateBackend{b.Name, b.URL.String(), other.Name})
+			continue
+		}
 		for _, other := range cfg.backends {
 			if other.Name == b.Name {
 				return cfg, fmt.Errorf("backend name %q used twice", b.Name)
@@ -107,6 +117,10 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 		return cfg, errors.New("no backends: give --backend URL, --config FILE, --dns NAME, --k8s-service NAMESPACE/NAME or --pool-name NAME")
 	case cfg.policyOpts.KVRoute.Replicas < 1:
 		return cfg, fmt.Errorf("--replicas must be at least 1, got %d", cfg.policyOpts.KVRoute.Replicas)
+	case len(cfg.server.Peers.Peers) > 0 && cfg.policyOpts.KVRoute.Replicas < 2:
+		return cfg, errors.New("--peer needs --replicas N: the number of router replicas, this one included")
+	case cfg.server.Peers.Interval <= 0 || cfg.server.Peers.Timeout <= 0 || cfg.policyOpts.KVRoute.PeerMaxAge <= 0:
+		return cfg, errors.New("--peer-interval, --peer-timeout and --peer-max-age must be positive")
 	case cfg.resilience.MaxAttempts < 1:
 		return cfg, fmt.Errorf("--max-attempts must be at least 1, got %d", cfg.resilience.MaxAttempts)
 	case cfg.resilience.RetryBudget < 0 || cfg.resilience.RetryBudget > 1:
@@ -121,6 +135,9 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	}
 	if _, err := router.New(cfg.policy, cfg.backends, cfg.policyOpts); err != nil {
 		return cfg, err
+	}
+	if err := peers.Validate(cfg.server.Peers.Peers); err != nil {
+		return cfg, fmt.Errorf("--peer: %w", err)
 	}
 	if err := cfg.security.resolve(cfg.backends); err != nil { // securityflags.go
 		return cfg, err
@@ -137,6 +154,9 @@ func runServe(args []string, _, stderr io.Writer) int {
 		return code
 	}
 	log := newLogger(stderr, cfg.logFormat, cfg.logLevel)
+	for _, d := range cfg.duplicates {
+		log.Warn("backend given twice: routing to it once", "backend", d.name, "url", d.url, "same_as", d.kept)
+	}
 	ctx, stop := signalContext()
 	defer stop()
 	if err := serve(ctx, cfg, log, nil); err != nil {

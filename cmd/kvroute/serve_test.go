@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -29,6 +31,10 @@ func TestParseServeFlags(t *testing.T) {
 		{"one backend", []string{"--backend", "http://127.0.0.1:9001"}, "", 1},
 		{"named backends", []string{"--backend", "a=http://127.0.0.1:9001", "--backend", "b=http://127.0.0.1:9002"}, "", 2},
 		{"config and flag", []string{"--config", good, "--backend", "b=http://127.0.0.1:9002"}, "", 2},
+		{"config and flag name one server", []string{"--config", good, "--backend", "b=HTTP://127.0.0.1:9001/"}, "", 1},
+		{"one server twice by flag", []string{"--backend", "http://localhost", "--backend", "b=http://LocalHost:80"}, "", 1},
+		{"one host, two ports", []string{"--backend", "http://127.0.0.1:9001", "--backend", "http://127.0.0.1:9002"}, "", 2},
+		{"one host, two paths", []string{"--backend", "http://127.0.0.1:9001/a", "--backend", "http://127.0.0.1:9001/b"}, "", 2},
 		{"no backends", nil, "no backends", 0},
 		{"duplicate names", []string{"--backend", "a=http://127.0.0.1:9001", "--backend", "a=http://127.0.0.1:9002"}, "twice", 0},
 		{"bad url", []string{"--backend", "ftp://x"}, "", -1},
@@ -41,6 +47,9 @@ func TestParseServeFlags(t *testing.T) {
 		{"bad dns interval", []string{"--dns", "vllm", "--dns-interval", "0s"}, "dns-interval", 0},
 		{"k8s only", []string{"--k8s-service", "ai/vllm", "--k8s-port-name", "http"}, "", 0},
 		{"bad k8s service", []string{"--k8s-service", "vllm"}, "--k8s-service", 0},
+		{"peers", []string{"--backend", "http://127.0.0.1:9001", "--replicas", "3", "--peer", "http://10.0.0.2:9091", "--peer", "dns+http://kvroute-peers.ai.svc:9091"}, "", 1},
+		{"peer without replicas", []string{"--backend", "http://127.0.0.1:9001", "--peer", "http://10.0.0.2:9091"}, "--replicas", 0},
+		{"bad peer", []string{"--backend", "http://127.0.0.1:9001", "--replicas", "2", "--peer", "10.0.0.2:9091"}, "--peer", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -208,5 +217,39 @@ func TestServeEndToEnd(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Errorf("/readyz = %d with two live backends", resp.StatusCode)
+	}
+}
+
+// On SIGTERM serve says so and logs each step of the drain: an operator
+// watching the logs knows why the router stopped answering.
+func TestServeLogsTheDrainOnSIGTERM(t *testing.T) {
+	urls := startEmulators(t, 1)
+	cfg, err := parseServeFlags([]string{"--listen", "127.0.0.1:0", "--metrics-listen", "", "--drain-delay", "10ms",
+		"--backend", urls[0]}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	ctx, stop := signalContext()
+	defer stop()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, newLogger(&logs, logText, slog.LevelInfo), ready) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("serve: %v", err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`msg="shutting down" signal="terminated signal received"`,
+		`msg="draining: /readyz answers 503`, `msg="draining: no longer accepting`, `msg=stopped`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the logs lack %s:\n%s", want, logs.String())
+		}
 	}
 }

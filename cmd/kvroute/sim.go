@@ -54,6 +54,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV blocks per server (default: the profile's)")
 	fs.IntVar(&blockSize, "block-size", 0, "KV block of the servers in tokens, their KV capacity in tokens kept (default: the profile's; 512, the block of Mooncake's traces, simulates a large fleet many times faster)")
 	fs.DurationVar(&sf.cfg.Scrape, "scrape-interval", time.Second, "how often each router replica reads the servers' metrics")
+	fs.DurationVar(&sf.cfg.Gossip, "gossip", 0, "how often router replicas share their in-flight counts, as serve's --peer does every --peer-interval (0: never)")
 	fs.BoolVar(&sf.cfg.ReplicaUnaware, "replica-unaware", false, "do not tell kvroute how many replicas share the fleet (to measure what that saves)")
 	fs.BoolVar(&sf.cfg.Text, "text", false, "traces: render prompts as text and tokenize them, as the live bench does (slower)")
 	fs.IntVar(&sf.cfg.KeepRequests, "keep-requests", 100_000, "per-request results kept in results.json (an even sample beyond; -1: all)")
@@ -140,7 +141,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	started := time.Now()
 	if sf.find.SLO > 0 {
 		fmt.Fprintf(stdout, "kvroute sim --find-backends: %s\n%s servers, %d router replica(s); p99 TTFT objective %v; policies %s\n\n",
-			cfg.Workload.Description, cfg.Profile.Name, cfg.Routers, sf.find.SLO, strings.Join(cfg.Policies, ", "))
+			tiledDescription(cfg), cfg.Profile.Name, cfg.Routers, sf.find.SLO, strings.Join(cfg.Policies, ", "))
 		cfg.Progress = nil
 		res, err := sim.FindBackends(ctx, cfg, sf.find, func(policy string, n int, p99 time.Duration, met bool) {
 			mark := "✗"
@@ -154,11 +155,15 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		sim.WriteFindTable(stdout, res, sf.find.SLO)
+		if err := writeFindResults(stdout, cfg, res, sf.find.SLO, sf.out); err != nil { // simfind.go
+			fmt.Fprintf(stderr, "kvroute sim: %v\n", err)
+			return 1
+		}
 		fmt.Fprintf(stdout, "\n(%v of wall time)\n", time.Since(started).Round(time.Millisecond))
 		return 0
 	}
 	fmt.Fprintf(stdout, "kvroute sim: %s\n%d × %s, %d router replica(s), virtual time; policies %s\n\n",
-		cfg.Workload.Description, cfg.Backends, cfg.Profile.Name, cfg.Routers, strings.Join(cfg.Policies, ", "))
+		tiledDescription(cfg), cfg.Backends, cfg.Profile.Name, cfg.Routers, strings.Join(cfg.Policies, ", "))
 	rep, stats, err := sim.RunStats(ctx, cfg)
 	if rep != nil && len(rep.Runs) > 0 {
 		if werr := writeReport(stdout, rep, sf.out); werr != nil {
@@ -178,6 +183,15 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "(%v of wall time in all; peak resident memory %s)\n",
 		time.Since(started).Round(time.Millisecond), peakRSS())
 	return 0
+}
+
+// tiledDescription describes the workload as the simulation plays it: with
+// --tile, its copies and their requests in all.
+func tiledDescription(cfg sim.Config) string {
+	if cfg.Tile <= 1 {
+		return cfg.Workload.Description
+	}
+	return fmt.Sprintf("%s; tiled %d×: %d requests in all", cfg.Workload.Description, cfg.Tile, cfg.Tile*cfg.Workload.Requests())
 }
 
 // peakRSS reports the process's peak resident memory (Linux's VmHWM), or

@@ -47,6 +47,10 @@ func versionString() string {
 }
 
 func runVersion(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		fmt.Fprintf(stderr, "Usage: kvroute version\n\nPrints the version, the commit when the build recorded it, and the Go toolchain. It has no flags.\n")
+		return 0
+	}
 	if len(args) > 0 {
 		fmt.Fprintf(stderr, "kvroute version: unexpected arguments: %q\n", args)
 		return 2

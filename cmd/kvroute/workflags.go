@@ -1,7 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -46,18 +49,47 @@ func parsePolicies(list string, all []string, external func(string) bool) ([]str
 	return names, nil
 }
 
-// loadWorkload loads the workload spec names (multiturn without a path reads
-// the MT-Bench prompts beside the checkout) and returns it with the default
-// output directory out/PREFIX-NAME.
+// defaultData is the data file each trace workload reads when its spec
+// names no path.
+var defaultData = map[string]string{
+	"multiturn": workload.DefaultMTBench,
+	"mooncake":  "mooncake/conversation_trace.jsonl",
+	"azure":     "azure/AzureLLMInferenceTrace_conv.csv",
+}
+
+// loadWorkload loads the workload spec names (a trace workload without a
+// path reads its data set from ../shared/data or the data directory) and
+// returns it with the default output directory out/PREFIX-NAME. A data file
+// that is missing is an error naming `kvroute data fetch`.
 func loadWorkload(spec string, opts workload.Options, prefix string) (workload.Workload, string, error) {
-	if spec == "multiturn" {
-		path, err := shareddata.Path(workload.DefaultMTBench)
-		if err != nil {
-			return workload.Workload{}, "", fmt.Errorf("multiturn: %w (or give multiturn:PATH)", err)
+	name, path, hasPath := strings.Cut(spec, ":")
+	if file, ok := defaultData[name]; ok {
+		var err error
+		if hasPath {
+			path, err = dataFile(path)
+		} else if path, err = shareddata.Path(file); err != nil {
+			err = fmt.Errorf("%w (or give %s:PATH)", err, name)
 		}
-		spec += ":" + path
+		if err != nil {
+			return workload.Workload{}, "", fmt.Errorf("workload %s: %w", name, err)
+		}
+		spec = name + ":" + path
 	}
 	w, err := workload.Load(spec, opts)
-	name, _, _ := strings.Cut(spec, ":")
 	return w, filepath.Join("out", prefix+"-"+name), err
+}
+
+// dataFile returns path when it exists. A missing path into ../shared/data
+// (as the docs' commands, written for CI, give it) is looked up where
+// `kvroute data fetch` puts the same file; otherwise its absence is an error
+// naming that step.
+func dataFile(path string) (string, error) {
+	_, err := os.Stat(path)
+	if !errors.Is(err, fs.ErrNotExist) {
+		return path, nil // there, or an error the workload reports
+	}
+	if _, name, ok := strings.Cut(filepath.ToSlash(path), "shared/data/"); ok {
+		return shareddata.Path(name)
+	}
+	return "", fmt.Errorf("%s does not exist; `%s` downloads the public data sets (docs/data.md)", path, shareddata.FetchStep)
 }

@@ -33,6 +33,9 @@ type Backend struct {
 	healthy atomic.Bool
 	info    atomic.Pointer[Info]
 	metrics atomic.Pointer[Metrics]
+	// peerLoad is the other router replicas' in-flight work here (see
+	// PeerLoad), nil when they report none.
+	peerLoad atomic.Pointer[PeerLoad]
 
 	// Router-side accounting, changed the moment a request is routed and
 	// released as it progresses (see Load).

@@ -93,6 +93,7 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 	// dashboard shows them before the first request. Backends and models
 	// found later get theirs with their first request.
 	for _, b := range f.Backends() {
+		m.initSeries(b.Name)
 		if info := b.Info(); info != nil {
 			for _, model := range info.Models {
 				m.ttft.WithLabelValues(b.Name, model)
@@ -101,6 +102,31 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// Label values of the counters whose label sets are known in advance: each
+// backend known at start gets every series at 0, so that rate() and alerts
+// see them before the first failure (Prometheus's advice on missing series).
+var (
+	failureKinds = []string{"dial", "request", "status", "read"}
+	retryReasons = []string{"dial", "reset", "timeout", "status", "held"}
+	timeoutKinds = []string{"first_token", "idle"}
+	cutReasons   = []string{"read", "first_token", "idle", "shutdown"}
+)
+
+// initSeries creates backend's series of the counters at 0.
+func (m *metrics) initSeries(backend string) {
+	for _, c := range []*prometheus.CounterVec{m.predicted, m.reported, m.prompt} {
+		c.WithLabelValues(backend)
+	}
+	for _, vals := range []struct {
+		c      *prometheus.CounterVec
+		labels []string
+	}{{m.failures, failureKinds}, {m.retries, retryReasons}, {m.timeouts, timeoutKinds}, {m.cut, cutReasons}} {
+		for _, l := range vals.labels {
+			vals.c.WithLabelValues(backend, l)
+		}
+	}
 }
 
 // modelLabel is the model label of a request for model: the model if some

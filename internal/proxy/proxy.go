@@ -157,6 +157,8 @@ type Proxy struct {
 	created       int64        // Unix seconds, for /v1/models
 	sec           *security
 	tracer        trace.Tracer // tracing.go; nil: off
+
+	reg prometheus.Registerer // where the metrics are registered (Registerer)
 }
 
 var _ http.Handler = (*Proxy)(nil)
@@ -212,6 +214,7 @@ func New(cfg Config) (*Proxy, error) {
 		p.metricsPage = promhttp.HandlerFor(own, promhttp.HandlerOpts{})
 		reg = own
 	}
+	p.reg = reg
 	var err error
 	if p.metrics, err = newMetrics(reg, cfg.Fleet); err != nil {
 		return nil, err
@@ -561,3 +564,8 @@ func (p *Proxy) notReady() *apiError {
 	}
 	return unavailable("no backend is ready")
 }
+
+// Registerer is where the proxy's metrics are registered: its own registry
+// or Config.Registerer. Parts started beside the proxy register theirs
+// here, to be served with them.
+func (p *Proxy) Registerer() prometheus.Registerer { return p.reg }

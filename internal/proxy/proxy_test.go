@@ -908,6 +908,12 @@ func TestMetrics(t *testing.T) {
 		`kvroute_prompt_tokens_total{backend="b0"} 30`,
 		`kvroute_decision_seconds_count 1`,
 		`go_goroutines`,
+		// Series known at start exist before their first event.
+		`kvroute_backend_failures_total{backend="b1",kind="dial"} 0`,
+		`kvroute_retries_total{backend="b1",reason="timeout"} 0`,
+		`kvroute_timeouts_total{backend="b1",kind="first_token"} 0`,
+		`kvroute_responses_cut_total{backend="b1",reason="idle"} 0`,
+		`kvroute_reported_cached_tokens_total{backend="b1"} 0`,
 	} {
 		if !strings.Contains(string(page), want) {
 			t.Errorf("/metrics lacks %s", want)

@@ -112,6 +112,10 @@ type KVRouteConfig struct {
 	// load and places sessions it does not know by consistent hashing (see
 	// kvroute_replicas.go).
 	Replicas int
+	// PeerMaxAge is how old the other replicas' reported load may be and
+	// still count (default DefaultPeerMaxAge); past it, the replica scales
+	// its own counts instead.
+	PeerMaxAge time.Duration
 	// Tokens estimates prompt lengths (the Router's, shared); nil means a
 	// fresh estimator.
 	Tokens *Tokens
@@ -130,6 +134,9 @@ func (c KVRouteConfig) withDefaults() KVRouteConfig {
 	if c.Tokens == nil {
 		c.Tokens = NewTokens()
 	}
+	if c.PeerMaxAge <= 0 {
+		c.PeerMaxAge = DefaultPeerMaxAge
+	}
 	if c.DefaultKVTokens <= 0 {
 		c.DefaultKVTokens = 400_000
 	}
@@ -141,6 +148,11 @@ func (c KVRouteConfig) withDefaults() KVRouteConfig {
 	}
 	return c
 }
+
+// DefaultPeerMaxAge is KVRouteConfig.PeerMaxAge's default: ten of the
+// peers' default polls (internal/peers), so that one lost poll does not
+// drop a peer, yet short beside a stream's life.
+const DefaultPeerMaxAge = time.Second
 
 // maxSessions bounds the sessions kvroute remembers the backend of; past
 // it, they are forgotten wholesale (the index still knows their prompts).
@@ -229,6 +241,7 @@ type pickScratch struct {
 	matched []int
 	recent  []int // blocks matched in recent
 	loads   []fleet.Load
+	peer    []peerPrefill // the prefill in loads the other replicas reported
 	drains  []drain
 	cand    []candidate
 }
@@ -257,14 +270,15 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	var total int64
 	s.loads = slices.Grow(s.loads[:0], len(cands))[:len(cands)]
 	s.drains = slices.Grow(s.drains[:0], len(cands))[:len(cands)]
+	s.peer = slices.Grow(s.peer[:0], len(cands))[:len(cands)]
 	loads := s.loads
+	now := p.cfg.Now()
 	for i, b := range cands {
-		loads[i] = p.load(b)
+		loads[i], s.peer[i] = p.load(b, now)
 		total += loads[i].Requests
 	}
 	bound := loadBound(p.cfg.LoadFactor, total, len(cands))
 
-	now := p.cfg.Now()
 	nowS := now.Sub(p.epoch).Seconds()
 	p.mu.Lock()
 	session, hasSession := p.sessions[req.SessionKey]
@@ -352,9 +366,10 @@ func (p *KVRoute) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned
 		c.cached = expectedCached(c.sure, c.maybe, ln.odds)
 		c.slow = slowness(math.Float64frombits(slow[b.Index].Load()), ln.meanSlow)
 		c.miss = float64(promptTokens - c.cached)
-		if s.loads[i].PrefillTokens > 0 {
-			c.queued = s.drains[i].left(nowS, c.slow*ln.speed.prefill(float64(s.loads[i].PrefillTokens), 0))
+		if own := s.loads[i].PrefillTokens - s.peer[i].tokens; own > 0 {
+			c.queued = s.drains[i].left(nowS, c.slow*ln.speed.prefill(float64(own), 0))
 		}
+		c.queued += s.peer[i].wait(func(tokens float64) float64 { return c.slow * ln.speed.prefill(tokens, 0) })
 		c.own = c.slow * ln.speed.prefill(c.miss, float64(c.cached))
 		backlog = min(backlog, c.queued)
 	}

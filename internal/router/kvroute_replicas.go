@@ -1,6 +1,8 @@
 package router
 
 import (
+	"time"
+
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -14,7 +16,10 @@ import (
 // request for it, reaching another replica, misses. With
 // KVRouteConfig.Replicas = M, kvroute degrades gracefully instead:
 //
-//   - it scales its own counts by M, its expectation of the fleet's load;
+//   - it adds to its own counts the other replicas' when they report them
+//     (internal/peers: every replica serves its counts and polls the
+//     others'), and else scales its own by M, its expectation of the
+//     fleet's load;
 //   - for a request whose session it has not routed before, it does not
 //     take the cheapest backend (at random among near-ties) but, among those
 //     within placementSlack of the cheapest, the one that rendezvous
@@ -34,16 +39,45 @@ import (
 const placementSlack = 0.15 // s
 
 // load returns b's in-flight work as this replica counts it, scaled to the
-// whole fleet's traffic.
-func (p *KVRoute) load(b *fleet.Backend) fleet.Load {
-	l := b.Load()
-	if m := int64(p.cfg.Replicas); m > 1 {
-		l.Requests *= m
-		l.PrefillTokens *= m
-		l.Decoding *= m
-		l.DecodeTokens *= m
+// whole fleet's traffic: its own count plus what the other replicas last
+// reported (KVRouteConfig.PeerMaxAge), and for each replica that has not
+// reported, its own count once more. peer is the reported part of the
+// prefill: work this replica's queue model (drain) never saw, added to the
+// queue wait as computing since the report.
+func (p *KVRoute) load(b *fleet.Backend, now time.Time) (l fleet.Load, peer peerPrefill) {
+	own := b.Load()
+	m := int64(p.cfg.Replicas)
+	if m <= 1 {
+		return own, peerPrefill{}
 	}
-	return l
+	l = own
+	unheard := m - 1
+	if pl := b.PeerLoad(now, p.cfg.PeerMaxAge); pl != nil {
+		l = l.Plus(pl.Load)
+		peer = peerPrefill{tokens: pl.PrefillTokens, age: now.Sub(pl.At).Seconds()}
+		unheard = max(0, unheard-int64(pl.Peers))
+	}
+	l.Requests += unheard * own.Requests
+	l.PrefillTokens += unheard * own.PrefillTokens
+	l.Decoding += unheard * own.Decoding
+	l.DecodeTokens += unheard * own.DecodeTokens
+	return l, peer
+}
+
+// peerPrefill is the prefill tokens other replicas reported queued on a
+// backend, and the report's age in seconds.
+type peerPrefill struct {
+	tokens int64
+	age    float64
+}
+
+// wait is the seconds of that prefill still ahead: the backend has been
+// computing it since the report, as drain assumes of the replica's own.
+func (q peerPrefill) wait(prefill func(tokens float64) float64) float64 {
+	if q.tokens <= 0 {
+		return 0
+	}
+	return max(0, prefill(float64(q.tokens))-q.age)
 }
 
 // placementKey is what replicas agree on for req: its session key, else its

@@ -7,7 +7,9 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/peers"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
 )
@@ -76,6 +79,12 @@ type Config struct {
 	MaxConns                       int
 	// DrainDelay and Grace pace Shutdown (defaults above; negative: none).
 	DrainDelay, Grace time.Duration
+	// Peers, when it lists any, polls the other router replicas' in-flight
+	// counts (internal/peers); its MaxAge defaults to the policy's
+	// PeerMaxAge. Every server serves its own counts at peers.Path on its
+	// metrics listener, or on its API listener when it polls peers and has
+	// no metrics listener.
+	Peers peers.Options
 	// Logger receives the components' logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -145,14 +154,55 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 	ctx, s.cancel = context.WithCancel(ctx)
 	core.Run(ctx, s.goRun)
-	s.api = &http.Server{Handler: px, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	id := replicaID()
+	var api, admin http.Handler = px, px.MetricsHandler()
+	// The counts name the backends' addresses: on the API listener only
+	// when the operator asked for peers and gave no admin listener.
+	switch {
+	case mln != nil:
+		admin = withPeerLoad(admin, id, fl)
+	case len(cfg.Peers.Peers) > 0:
+		api = withPeerLoad(api, id, fl)
+	}
+	if len(cfg.Peers.Peers) > 0 {
+		po := cfg.Peers
+		if po.MaxAge <= 0 {
+			po.MaxAge = cfg.Router.KVRoute.PeerMaxAge
+		}
+		po.Logger, po.Registerer = log, px.Registerer()
+		poller := peers.NewPoller(id, fl.Backends, po)
+		s.goRun(func() error { return poller.Run(ctx) })
+	}
+	s.api = &http.Server{Handler: api, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		ReadHeaderTimeout: max(cfg.ReadHeaderTimeout, 0), IdleTimeout: max(cfg.IdleTimeout, 0)}
 	s.goRun(func() error { return s.api.Serve(ln) })
 	if mln != nil {
-		s.metrics = &http.Server{Handler: px.MetricsHandler(), ReadHeaderTimeout: DefaultReadHeaderTimeout}
+		s.metrics = &http.Server{Handler: admin, ReadHeaderTimeout: DefaultReadHeaderTimeout}
 		s.goRun(func() error { return s.metrics.Serve(mln) })
 	}
 	return s, nil
+}
+
+// withPeerLoad serves the replica's in-flight counts at peers.Path beside
+// next.
+func withPeerLoad(next http.Handler, id string, fl *fleet.Fleet) http.Handler {
+	counts := peers.Handler(id, fl.Backends)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == peers.Path {
+			counts.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// replicaID names this process among router replicas: random, so that a
+// replica that polls itself (a headless Service lists every pod) knows its
+// own report.
+func replicaID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func withDefaults(cfg Config) Config {

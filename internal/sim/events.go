@@ -23,6 +23,8 @@ const (
 	evScrape
 	// evSample records every server's load.
 	evSample
+	// evGossip shares the replicas' in-flight counts (Config.Gossip).
+	evGossip
 )
 
 // event is one thing to happen at a moment of virtual time. Events at the

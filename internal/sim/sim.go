@@ -80,6 +80,11 @@ type Config struct {
 	// (router.KVRouteConfig.Replicas unset), to measure what awareness
 	// saves.
 	ReplicaUnaware bool
+	// Gossip is how often the replicas share their in-flight counts with
+	// each other, as `kvroute serve --peer` polls every --peer-interval
+	// (0: never; each scales its own counts by Routers). A replica's view
+	// of the others is as old as the last round.
+	Gossip time.Duration
 
 	stepwise bool // step every step (tests check that coasting changes nothing)
 }
@@ -308,6 +313,9 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		if !cfg.ReplicaUnaware {
 			opts.KVRoute.Replicas = cfg.Routers
 		}
+		if cfg.Gossip > 0 {
+			opts.KVRoute.PeerMaxAge = 3 * cfg.Gossip
+		}
 		// kvroute's prefix index need not be finer than the servers'
 		// blocks: a finer one only spends more work to say the same.
 		if b := cfg.Profile.BlockSize * router.TokenBytes; b > prefix.DefaultBlockBytes {
@@ -355,6 +363,9 @@ func (s *simulation) run(ctx context.Context) error {
 		s.q.push(s.cfg.Scrape*time.Duration(r)/time.Duration(len(s.replicas)), evScrape, int32(r))
 	}
 	s.q.push(0, evSample, 0)
+	if s.cfg.Gossip > 0 && len(s.replicas) > 1 {
+		s.q.push(s.cfg.Gossip, evGossip, 0)
+	}
 	for s.q.len() > 0 {
 		if s.events&0xffff == 0 && ctx.Err() != nil {
 			return ctx.Err()
@@ -380,6 +391,11 @@ func (s *simulation) run(ctx context.Context) error {
 			s.scrape(int(ev.idx))
 			if !s.done() {
 				s.q.push(s.now+s.cfg.Scrape, evScrape, ev.idx)
+			}
+		case evGossip:
+			s.gossip()
+			if !s.done() {
+				s.q.push(s.now+s.cfg.Gossip, evGossip, 0)
 			}
 		case evSample:
 			s.sample()
@@ -503,6 +519,23 @@ func (s *simulation) scrape(r int) {
 		rep.scraped[i] = s.now
 	}
 	rep.scrapedOnce = true
+}
+
+// gossip gives every replica the sum of the others' in-flight counts on
+// each server, as a round of polls of internal/peers would.
+func (s *simulation) gossip() {
+	at := s.clock()
+	peers := len(s.replicas) - 1
+	for i := range s.servers {
+		var total fleet.Load
+		for _, rep := range s.replicas {
+			total = total.Plus(rep.backends[i].Load())
+		}
+		for _, rep := range s.replicas {
+			others := total.Minus(rep.backends[i].Load())
+			rep.backends[i].SetPeerLoad(&fleet.PeerLoad{Load: others, Peers: peers, At: at})
+		}
+	}
 }
 
 // sample records every server's load.

@@ -54,7 +54,7 @@ type Options struct {
 
 // Specs lists the workload specs Load understands.
 func Specs() []string {
-	return []string{"chat", "small-chat", "multiturn[:PATH]", "shared-prefix", "agentic", "mixed", "mooncake:PATH", "azure:PATH"}
+	return []string{"chat", "small-chat", "multiturn[:PATH]", "shared-prefix", "agentic", "mixed", "mooncake[:PATH]", "azure[:PATH]"}
 }
 
 // DefaultMTBench is where multiturn looks for MT-Bench questions, relative

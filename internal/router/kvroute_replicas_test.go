@@ -1,0 +1,67 @@
+package router
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+)
+
+// With M replicas, kvroute counts a backend's load as its own plus what the
+// peers reported while the report is fresh, each silent replica standing in
+// as a copy of its own; with no report it scales its own by M.
+func TestReplicaLoadAddsPeers(t *testing.T) {
+	now := time.Unix(100, 0)
+	p := NewKVRoute(nil, KVRouteConfig{Replicas: 4, PeerMaxAge: time.Second, Now: func() time.Time { return now }})
+	b := fleet.NewBackend(0, "b", nil)
+	b.Start(100, 200)
+
+	if got, want := first(p.load(b, now)), (fleet.Load{Requests: 4, PrefillTokens: 400, DecodeTokens: 800}); got != want {
+		t.Errorf("no peers: %+v, want own × 4 = %+v", got, want)
+	}
+	b.SetPeerLoad(&fleet.PeerLoad{Load: fleet.Load{Requests: 5, PrefillTokens: 50, Decoding: 3, DecodeTokens: 70}, Peers: 2, At: now})
+	// own + the two peers' + one silent replica's (own once more)
+	if got, want := first(p.load(b, now)), (fleet.Load{Requests: 7, PrefillTokens: 250, Decoding: 3, DecodeTokens: 470}); got != want {
+		t.Errorf("two of three peers heard: %+v, want %+v", got, want)
+	}
+	if got, want := first(p.load(b, now.Add(2*time.Second))), (fleet.Load{Requests: 4, PrefillTokens: 400, DecodeTokens: 800}); got != want {
+		t.Errorf("stale peers: %+v, want own × 4 = %+v", got, want)
+	}
+}
+
+// A burst split across two replicas: each has sent two long requests to
+// the first backend it found idle. Aware of the other's (through the peer
+// report), the second replica sends its next request elsewhere; on its own
+// counts it would have piled onto the same backend.
+func TestPeerLoadStopsHerding(t *testing.T) {
+	now := time.Unix(100, 0)
+	clock := func() time.Time { return now }
+	newReplica := func() (*Router, []*fleet.Backend) {
+		bs := []*fleet.Backend{fleet.NewBackend(0, "a", nil), fleet.NewBackend(1, "b", nil)}
+		r, err := New("kvroute", bs, Options{Seed: 1, Now: clock, KVRoute: KVRouteConfig{Replicas: 2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r, bs
+	}
+	r2, bs2 := newReplica()
+	// Replica 2 has one request of its own in flight on b; replica 1 has
+	// three heavy prefills queued on a.
+	t2, err := r2.Route(&Request{Prompt: "other work", MaxTokens: 10}, []*fleet.Backend{bs2[1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer t2.Finish(Failed(0))
+	bs2[0].SetPeerLoad(&fleet.PeerLoad{Load: fleet.Load{Requests: 3, PrefillTokens: 60_000, DecodeTokens: 60_000}, Peers: 1, At: now})
+	bs2[1].SetPeerLoad(&fleet.PeerLoad{Peers: 1, At: now})
+	tk, err := r2.Route(&Request{Prompt: "a new prompt", MaxTokens: 10}, bs2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tk.Finish(Failed(0))
+	if got := tk.Decision.Backend.Name; got != "b" {
+		t.Errorf("picked %s: the peer's queue on a was not counted", got)
+	}
+}
+
+func first(l fleet.Load, _ peerPrefill) fleet.Load { return l }

@@ -1,0 +1,90 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/emulator"
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/peers"
+	"github.com/kvroute/kvroute/internal/router"
+)
+
+// Two router replicas in front of one emulator: a stream through replica
+// A shows up, over A's metrics listener, in replica B's count of the
+// backend's load while it runs, and leaves it when it ends.
+func TestReplicasShareInFlightCounts(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e, err := emulator.New(emulator.Config{Seed: 1, TimeScale: 1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go e.Run(ctx)
+	emu := httptest.NewServer(e)
+	defer emu.Close()
+
+	start := func(metricsListen string, peerURLs ...string) *Server {
+		b, err := fleet.ParseBackend(0, "gpu0="+emu.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := Start(ctx, Config{
+			Backends: []*fleet.Backend{b}, Policy: "kvroute", Listen: "127.0.0.1:0", MetricsListen: metricsListen,
+			Router:     router.Options{KVRoute: router.KVRouteConfig{Replicas: 2}},
+			Peers:      peers.Options{Peers: peerURLs, Interval: 20 * time.Millisecond},
+			DrainDelay: -1, Logger: fleetLogger(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		return s
+	}
+	a := start("127.0.0.1:0")
+	bRep := start("", a.MetricsURL)
+
+	peerRequests := func() int64 {
+		p := bRep.Fleet.Backends()[0].PeerLoad(time.Now(), time.Second)
+		if p == nil {
+			return -1
+		}
+		return p.Requests
+	}
+	waitWithin(t, "B hears A before any request", 10*time.Second, func() bool { return peerRequests() == 0 })
+
+	done := make(chan string, 1)
+	go func() {
+		done <- streamOnce(http.DefaultClient, a.URL, fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"count to a thousand"}],"max_tokens":300,"stream":true}`, model))
+	}()
+	waitWithin(t, "A's stream counted by B", 10*time.Second, func() bool { return peerRequests() == 1 })
+	if msg := <-done; msg != "" {
+		t.Fatalf("the stream through A: %s", msg)
+	}
+	waitWithin(t, "A's finished stream gone from B's count", 10*time.Second, func() bool { return peerRequests() == 0 })
+
+	// A serves its counts on its metrics listener, not on its API.
+	res, err := http.Get(a.MetricsURL + peers.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r peers.Report
+	if err := json.NewDecoder(res.Body).Decode(&r); err != nil || res.StatusCode != 200 || r.Replica == "" {
+		t.Errorf("A's report: status %d, %+v, %v", res.StatusCode, r, err)
+	}
+	res.Body.Close()
+	res, err = http.Get(a.URL + peers.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusNotFound {
+		t.Errorf("A's API listener answered %s with %d, want 404 (it has a metrics listener)", peers.Path, res.StatusCode)
+	}
+}
