@@ -1,10 +1,12 @@
 // Package discovery keeps the set of backends kvroute routes to current
 // while it runs: the backends of a --config file, re-read when the file
 // changes or on SIGHUP, the addresses DNS names resolve to, re-resolved
-// every interval, and the ready endpoints of a Kubernetes Service, watched
-// through its EndpointSlices; beside the --backend flags, which stay fixed. It produces
-// the desired set and hands it to an update function (the fleet's Update,
-// in internal/server); the fleet works out what came and went.
+// every interval, the ready endpoints of a Kubernetes Service, watched
+// through its EndpointSlices, and the ready pods of a Gateway API
+// InferencePool, watched with the pool; beside the --backend flags, which
+// stay fixed. It produces the desired set and hands it to an update
+// function (the fleet's Update, in internal/server); the fleet works out
+// what came and went.
 package discovery
 
 import (
