@@ -250,7 +250,7 @@ func (x *exchange) decideByLoad(hasBody, eos bool) (bool, error) {
 	cands := x.candidates(model)
 	// A stored response (GET /v1/responses/{id}, its cancel, its input
 	// items) is known only to the endpoint that produced it.
-	if id := storedResponseID(x.path); id != "" {
+	if id := proxy.StoredResponseID(x.path); id != "" {
 		if b := x.p.router.ResponseBackend(id); b != nil && slices.Contains(cands, b) {
 			x.p.metrics.requests.WithLabelValues("by_response").Inc()
 			return false, x.reply([]string{Address(b)}, x.body, hasBody, eos)
@@ -262,18 +262,6 @@ func (x *exchange) decideByLoad(hasBody, eos bool) (bool, error) {
 	}
 	x.p.metrics.requests.WithLabelValues("by_load").Inc()
 	return false, x.reply([]string{Address(b)}, x.body, hasBody, eos)
-}
-
-// storedResponseID returns the response id of a path under
-// /v1/responses/ (/v1/responses/{id}, /v1/responses/{id}/cancel, ...), or
-// "".
-func storedResponseID(path string) string {
-	rest, ok := strings.CutPrefix(path, "/v1/responses/")
-	if !ok {
-		return ""
-	}
-	id, _, _ := strings.Cut(rest, "/")
-	return id
 }
 
 // reply sends the header reply naming the destinations, then the body back

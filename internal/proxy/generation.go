@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"strings"
+
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/router"
 )
@@ -46,3 +48,16 @@ func ParseGeneration(path string, body []byte, session string) (*Generation, *op
 // from. It reports false, and returns body as it is, when stream_options is
 // neither absent, null nor an object.
 func WithIncludeUsage(body []byte) ([]byte, bool) { return withIncludeUsage(body) }
+
+// StoredResponseID returns the response id of a path about a stored
+// Responses API response (/v1/responses/{id}, /v1/responses/{id}/cancel,
+// /v1/responses/{id}/input_items), or "". Only the backend that produced
+// the response holds it (router.Router.ResponseBackend).
+func StoredResponseID(path string) string {
+	rest, ok := strings.CutPrefix(path, "/v1/responses/")
+	if !ok {
+		return ""
+	}
+	id, _, _ := strings.Cut(rest, "/")
+	return id
+}

@@ -545,6 +545,11 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint)
 			p.reject(w, unavailable("no healthy backend"))
 			return
 		}
+		// A stored response (an operator allowed /v1/responses/) is known
+		// only to the backend that produced it.
+		if b := p.router.ResponseBackend(StoredResponseID(r.URL.Path)); b != nil && slices.Contains(cands, b) {
+			cands = []*fleet.Backend{b}
+		}
 	}
 	p.forward(w, r, &call{ep: ep, body: body, model: model}, cands)
 }

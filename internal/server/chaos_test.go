@@ -37,8 +37,9 @@ const (
 	idleTimeout     = 2 * time.Second
 )
 
-// startRouter starts kvroute in front of the emulators.
-func startRouter(t *testing.T, emus []*testfleet.Backend) *Server {
+// startRouter starts kvroute in front of the emulators; tweaks, if any,
+// change its config first.
+func startRouter(t *testing.T, emus []*testfleet.Backend, tweaks ...func(*Config)) *Server {
 	t.Helper()
 	var bs []*fleet.Backend
 	for i, e := range emus {
@@ -48,12 +49,16 @@ func startRouter(t *testing.T, emus []*testfleet.Backend) *Server {
 		}
 		bs = append(bs, b)
 	}
-	s, err := Start(context.Background(), Config{
+	cfg := Config{
 		Backends: bs, Policy: "kvroute", Listen: "127.0.0.1:0", DrainDelay: -1, Grace: 5 * time.Second,
 		Fleet:  fleet.Options{HealthInterval: 100 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond, Timeout: time.Second},
 		Proxy:  proxy.Config{Resilience: proxy.Resilience{FirstTokenFloor: firstTokenFloor, StreamIdleTimeout: idleTimeout}},
 		Logger: testLogger(t),
-	})
+	}
+	for _, tweak := range tweaks {
+		tweak(&cfg)
+	}
+	s, err := Start(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,8 @@ import (
 // kvroute to four `kvroute emulate` processes, which, as vLLM, each hold
 // the responses they produced and answer 404 for a previous_response_id
 // they do not. Every continuation goes back to the backend of its
-// previous response (X-Kvroute-Route: response), streamed or not. When
+// previous response (X-Kvroute-Route: response), streamed or not, and so
+// does a GET of the stored response (allowed with --allow-path). When
 // that backend dies, the continuation is routed as any request (and the
 // backend that gets it answers its own 404), counted as "gone".
 func TestResponsesPinnedEndToEnd(t *testing.T) {
@@ -27,7 +28,9 @@ func TestResponsesPinnedEndToEnd(t *testing.T) {
 		t.Skip("starts emulator processes")
 	}
 	emus := testfleet.Start(t, 4)
-	s := startRouter(t, emus)
+	// Stored responses may be read through kvroute (they are not by
+	// default).
+	s := startRouter(t, emus, func(c *Config) { c.Proxy.Security.AllowPaths = []string{"/v1/responses"} })
 	send := func(input, prev string, stream bool) (status int, backend, route, id string, body string) {
 		t.Helper()
 		req := map[string]any{"model": model, "input": input, "max_output_tokens": 6, "stream": stream}
@@ -75,6 +78,16 @@ func TestResponsesPinnedEndToEnd(t *testing.T) {
 			prev, home = id, backend
 		}
 		lastID, lastBackend = prev, home
+		// The stored response is read where it is stored.
+		res, err := http.Get(s.URL + "/v1/responses/" + prev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK || res.Header.Get(proxy.HeaderBackend) != home || !strings.Contains(string(b), prev) {
+			t.Fatalf("GET %s: %d from %s, want it from %s: %s", prev, res.StatusCode, res.Header.Get(proxy.HeaderBackend), home, b)
+		}
 	}
 
 	// The backend holding the last conversation dies: the continuation is
