@@ -173,10 +173,14 @@ func (p *SessionHash) Pick(req *Request, cands []*fleet.Backend) (Decision, erro
 	if req.SessionKey == "" {
 		return Decision{Backend: cands[p.rand.IntN(len(cands))], Reason: "random"}, nil
 	}
-	if b := p.owner(xxhash.Sum64String(req.SessionKey), cands); b != nil {
+	h := xxhash.Sum64String(req.SessionKey)
+	if b := p.owner(h, cands); b != nil {
 		return Decision{Backend: b, Reason: "hash"}, nil
 	}
-	return Decision{}, ErrNoBackend
+	// None of the candidates is on the ring: the fleet shrank between the
+	// caller's choice of candidates and this pick. They are still
+	// routable; hash over them rather than fail the request.
+	return Decision{Backend: cands[h%uint64(len(cands))], Reason: "hash"}, nil
 }
 
 // owner walks the ring clockwise from h to the first point whose backend is
