@@ -56,7 +56,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	a.wd = newWatchdog(cancel)
 	defer a.wd.stop()
 	defer p.retried(c)
-	a.wd.arm(p.firstTokenDeadline(c, t), errFirstTokenTimeout)
+	a.wd.firstToken(p.firstTokenDeadline(c, t))
 
 	res, err := p.transport.RoundTrip(a.traced(p.upstream(upstreamRequest(ctx, r, b, c.body), b))) // security.go: credentials; tracing.go: traceparent
 	if err != nil {
