@@ -28,7 +28,7 @@ func parseBenchFrontFlags(args []string, output io.Writer) (frontbench.Config, s
 	fs.StringVar(&names, "fronts", "", "fronts, comma-separated (default: all installed but base/*): "+strings.Join(frontbench.FrontNames(), ", "))
 	fs.IntVar(&cfg.Events, "events", 50, "content events per stream")
 	fs.DurationVar(&cfg.Gap, "gap", 0, "time between a stream's events (0: 20ms, longer where the streams would pass --event-rate)")
-	fs.Float64Var(&cfg.EventRate, "event-rate", 25000, "most events a second in all when --gap is 0: the one CPU of the backends and the load generator must keep up")
+	fs.Float64Var(&cfg.EventRate, "event-rate", 10000, "most events a second in all when --gap is 0: the one CPU of the backends and the load generator must keep up")
 	fs.DurationVar(&cfg.Warmup, "warmup", 2*time.Second, "streams start over this time and are not measured")
 	fs.DurationVar(&cfg.Duration, "duration", 5*time.Second, "then measured streams start for this long")
 	fs.IntVar(&cfg.Rounds, "rounds", 1, "measure everything this many times, fronts interleaved; the table shows medians")

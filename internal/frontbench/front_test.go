@@ -29,7 +29,7 @@ func TestLoadThroughStdlibFront(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Errors != 0 || res.Measured == 0 || res.Events != int64(5*res.Measured) {
+		if res.Errors != 0 || res.Measured == 0 || res.Events < int64(5*res.Measured) {
 			t.Fatalf("%v: %+v", targets, res)
 		}
 		if res.TTFT.N != res.Measured || res.ChunkGap.N != 4*res.Measured || res.Delay.N != 5*res.Measured {

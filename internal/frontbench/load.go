@@ -100,13 +100,22 @@ func RunLoad(ctx context.Context, cfg LoadConfig) (*LoadResult, error) {
 				time.Sleep(rand.N(cfg.Warmup)) // a spread start, as clients come
 			}
 			s := &all[i]
+			// The first stream is of a random length, so that the
+			// streams end, and the next ones start, spread over time
+			// as they do in steady state: streams longer than Duration
+			// are measured too.
+			events := 1 + rng.IntN(cfg.Events)
 			for n := 0; ctx.Err() == nil; n++ {
 				begin := time.Now()
 				if begin.After(stopAt) {
 					return
 				}
 				target := cfg.Targets[(i+n)%len(cfg.Targets)]
-				err := playStream(ctx, client, target, cfg, i, rng, s, !begin.Before(measureFrom))
+				measure := !begin.Before(measureFrom)
+				if n > 0 || measure {
+					events = cfg.Events
+				}
+				err := playStream(ctx, client, target, cfg, events, i, rng, s, measure)
 				if err != nil {
 					s.errors++
 					if s.firstErr == nil {
@@ -140,11 +149,11 @@ func RunLoad(ctx context.Context, cfg LoadConfig) (*LoadResult, error) {
 // application's system prompt is.
 var systemPrompt = strings.Repeat("You are a helpful assistant. Answer briefly and precisely. ", 6)
 
-// playStream sends one streamed chat request for user i and reads its
-// events, recording them into s if measure.
-func playStream(ctx context.Context, client *http.Client, target string, cfg LoadConfig, user int, rng *rand.Rand, s *samples, measure bool) error {
+// playStream sends one streamed chat request of events events for user i
+// and reads them, recording them into s if measure.
+func playStream(ctx context.Context, client *http.Client, target string, cfg LoadConfig, events, user int, rng *rand.Rand, s *samples, measure bool) error {
 	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":"Question %d of user %d: tell me about topic %d."}],"stream":true,"max_tokens":%d}`,
-		cfg.Model, systemPrompt, rng.IntN(1<<30), user, rng.IntN(1000), cfg.Events)
+		cfg.Model, systemPrompt, rng.IntN(1<<30), user, rng.IntN(1000), events)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		return err
@@ -194,8 +203,8 @@ func playStream(ctx context.Context, client *http.Client, target string, cfg Loa
 		}
 		prev = now
 	}
-	if got != cfg.Events {
-		return fmt.Errorf("stream ended after %d of %d events", got, cfg.Events)
+	if got != events {
+		return fmt.Errorf("stream ended after %d of %d events", got, events)
 	}
 	if measure {
 		s.measured++
