@@ -313,7 +313,10 @@ func startFront(ctx context.Context, cfg Config, self, name string, backends []s
 
 // startKVRoute runs bin's `serve` with policy in front of backends, without
 // the caps that would queue the benchmark's streams (nginx and HAProxy have
-// none either), and waits until it is ready.
+// none either), and waits until it is ready. Its health checks get 10 s and
+// it ejects no backend for slow first tokens: on a shared machine the
+// backends' process is starved at times, and nginx and HAProxy fail over on
+// errors only.
 func startKVRoute(ctx context.Context, cfg Config, name, bin, policy string, backends []string) (front, error) {
 	port, err := freePort()
 	if err != nil {
@@ -321,7 +324,8 @@ func startKVRoute(ctx context.Context, cfg Config, name, bin, policy string, bac
 	}
 	addr := "127.0.0.1:" + port
 	args := []string{"serve", "--listen", addr, "--policy", policy, "--log-level", "error",
-		"--max-per-backend", "0", "--max-in-flight", "0", "--max-conns", "0", "--metrics-listen", ""}
+		"--max-per-backend", "0", "--max-in-flight", "0", "--max-conns", "0", "--metrics-listen", "",
+		"--probe-timeout", "10s", "--eject-slow", "0"}
 	for _, b := range backends {
 		args = append(args, "--backend", b)
 	}

@@ -334,8 +334,8 @@ func (r *eventReader) Read(p []byte) (int, error) {
 }
 
 // Streaming allocates nothing per event: a stream of 500 events, one a
-// read, through the attempt's idle watch and held writer, costs what one of
-// 10 does.
+// read, through the attempt's idle watch and held writer, costs about what
+// one of 10 does.
 func TestCopyEventsAllocatesNothingPerEvent(t *testing.T) {
 	ev := []byte("data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" word\"},\"finish_reason\":null}]}\n\n")
 	a := &attempt{p: &Proxy{}, first: true, wd: newWatchdog(func(error) {})}
@@ -353,8 +353,11 @@ func TestCopyEventsAllocatesNothingPerEvent(t *testing.T) {
 			}
 		})
 	}
+	// AllocsPerRun counts the whole process's allocations: a tenth of one
+	// per event leaves room for other goroutines' and catches any that
+	// every event makes.
 	few, many := allocs(10), allocs(500)
-	if many > few {
+	if many-few >= 490/10 {
 		t.Errorf("%v allocations for 500 events, %v for 10: streaming allocates per event", many, few)
 	}
 }
