@@ -18,6 +18,7 @@ import (
 // streamed chat completions) and spend as little CPU as a server can, so
 // that what a front adds is what is measured.
 type Backends struct {
+	// URLs are the servers' base URLs, http://127.0.0.1:PORT.
 	URLs []string
 
 	servers []*http.Server

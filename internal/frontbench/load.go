@@ -22,6 +22,8 @@ type LoadConfig struct {
 	// Targets are the base URLs streams go to, in turn: the front, or the
 	// backends themselves for the direct baseline.
 	Targets []string
+	// Streams are kept open at once (closed loop); each is Events
+	// content events, one every Gap.
 	Streams int
 	Events  int
 	Gap     time.Duration
@@ -29,8 +31,9 @@ type LoadConfig struct {
 	// pools fill); streams started in it are not measured. Duration is the
 	// time after it in which measured streams start.
 	Warmup, Duration time.Duration
-	Model            string
-	Seed             uint64
+	// Model is the requests' model; Seed seeds their prompts and starts.
+	Model string
+	Seed  uint64
 }
 
 // LoadResult is what one measurement saw at the client. Times are in
