@@ -131,6 +131,9 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 }
 
 func runBench(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "front" {
+		return runBenchFront(args[1:], stdout, stderr) // benchfront.go
+	}
 	bf, err := parseBenchFlags(args, stderr)
 	if code, ok := flagsDone("bench", err, stderr); !ok {
 		return code

@@ -249,6 +249,11 @@ func (b *Balancer) waitReady(ctx context.Context, path string) error {
 	}
 }
 
+// PID is the process ID of the balancer's child (nginx's master, whose
+// worker is its child; HAProxy itself), for benchmarks that pin it to a
+// CPU or read its CPU time.
+func (b *Balancer) PID() int { return b.cmd.Process.Pid }
+
 // Close stops the balancer (SIGTERM, then SIGKILL after 5 s), waits for it
 // and removes its temp dir. It reports an error if the child had exited
 // before it was asked to, or if the dir cannot be removed. Only the process

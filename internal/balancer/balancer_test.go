@@ -456,7 +456,7 @@ func testChat(t *testing.T, c *http.Client, base string) {
 func TestBalancerConfig(t *testing.T) {
 	common := map[string][]string{
 		"nginx": {
-			"daemon off;", "master_process on;", "worker_processes 1;", "worker_connections 4096;",
+			"daemon off;", "master_process on;", "worker_processes 1;", "worker_connections 16384;",
 			"access_log off;", "gzip off;", "client_max_body_size 64m;",
 			"proxy_buffering off;", "proxy_request_buffering on;", "client_body_buffer_size 1m;", "proxy_http_version 1.1;",
 			`proxy_set_header Connection "";`, "keepalive 256;",

@@ -340,39 +340,85 @@ func (p *Proxy) firstTokenDeadline(c *call, t *router.Ticket) time.Duration {
 }
 
 // watchdog cancels an attempt when its current deadline passes: first the
-// first token's, then, re-armed by every read, the idle timeout's.
+// first token's, then the idle timeout's, counted from the latest read.
+// A read only notes its time (touch): the timer is not reset per read, which
+// would cost a lock of the runtime's timer heap per event; when it fires
+// before the stream has been quiet for the whole timeout, it sets itself for
+// the rest.
 type watchdog struct {
 	timer  *time.Timer
 	cancel context.CancelCauseFunc
-	cause  atomic.Pointer[error]
+	// watch is what the timer guards: watchNone, watchFirst or watchIdle.
+	watch atomic.Int32
+	// idleFor is the idle timeout, set before watch turns watchIdle.
+	idleFor time.Duration
+	// base is the monotonic origin of last, the latest read's time.
+	base time.Time
+	last atomic.Int64
 }
 
+const (
+	watchNone int32 = iota
+	watchFirst
+	watchIdle
+)
+
 func newWatchdog(cancel context.CancelCauseFunc) *watchdog {
-	w := &watchdog{cancel: cancel}
-	w.timer = time.AfterFunc(time.Hour, func() {
-		if c := w.cause.Load(); c != nil {
-			cancel(*c)
-		}
-	})
+	w := &watchdog{cancel: cancel, base: time.Now()}
+	w.timer = time.AfterFunc(time.Hour, w.fire)
 	w.timer.Stop()
 	return w
 }
 
-// arm (re)sets the deadline to d from now, cancelling with cause when it
-// passes; d < 0 turns it off.
-func (w *watchdog) arm(d time.Duration, cause error) {
+// fire runs when the timer passes.
+func (w *watchdog) fire() {
+	switch w.watch.Load() {
+	case watchFirst:
+		w.cancel(errFirstTokenTimeout)
+	case watchIdle:
+		quiet := time.Since(w.base) - time.Duration(w.last.Load())
+		if rest := w.idleFor - quiet; rest > 0 {
+			w.timer.Reset(rest)
+			return
+		}
+		w.cancel(errIdleTimeout)
+	}
+}
+
+// firstToken sets the deadline of the first token to d from now; d < 0
+// turns it off.
+func (w *watchdog) firstToken(d time.Duration) {
 	if d < 0 {
-		w.timer.Stop()
+		w.stop()
 		return
 	}
-	w.cause.Store(&cause)
+	w.watch.Store(watchFirst)
 	w.timer.Reset(d)
 }
 
-func (w *watchdog) stop() { w.timer.Stop() }
+// idle turns the watch to the idle timeout d, counted from now and then
+// from every touch; d < 0 turns it off.
+func (w *watchdog) idle(d time.Duration) {
+	if d < 0 {
+		w.stop()
+		return
+	}
+	w.touch()
+	w.idleFor = d
+	w.watch.Store(watchIdle)
+	w.timer.Reset(d)
+}
 
-// idleReader re-arms an attempt's idle timeout at every read that brings
-// bytes once the first token is in.
+// touch notes a read: the idle timeout counts from now.
+func (w *watchdog) touch() { w.last.Store(int64(time.Since(w.base))) }
+
+func (w *watchdog) stop() {
+	w.watch.Store(watchNone)
+	w.timer.Stop()
+}
+
+// idleReader notes every read that brings bytes once the first token is in,
+// for the attempt's idle timeout.
 type idleReader struct {
 	r io.Reader
 	a *attempt
@@ -381,7 +427,7 @@ type idleReader struct {
 func (ir idleReader) Read(b []byte) (int, error) {
 	n, err := ir.r.Read(b)
 	if n > 0 && ir.a.first {
-		ir.a.wd.arm(ir.a.p.res.StreamIdleTimeout, errIdleTimeout)
+		ir.a.wd.touch()
 	}
 	return n, err
 }
@@ -422,6 +468,11 @@ func (h *heldWriter) Write(b []byte) (int, error) {
 func (h *heldWriter) FlushError() error {
 	if !h.sent {
 		return nil
+	}
+	// net/http's own writer flushes without the controller's allocation,
+	// once per read of a stream.
+	if f, ok := h.ResponseWriter.(interface{ FlushError() error }); ok {
+		return f.FlushError()
 	}
 	return http.NewResponseController(h.ResponseWriter).Flush()
 }

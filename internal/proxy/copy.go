@@ -52,11 +52,11 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	// read fails at once), at the watchdog's deadlines, and at shutdown.
 	ctx, cancel := context.WithCancelCause(a.traceStart(r.Context())) // tracing.go: the attempt's span
 	defer cancel(nil)
-	defer context.AfterFunc(p.stop, func() { cancel(errShutdown) })()
+	defer context.AfterFunc(p.stopShard(), func() { cancel(errShutdown) })()
 	a.wd = newWatchdog(cancel)
 	defer a.wd.stop()
 	defer p.retried(c)
-	a.wd.arm(p.firstTokenDeadline(c, t), errFirstTokenTimeout)
+	a.wd.firstToken(p.firstTokenDeadline(c, t))
 
 	res, err := p.transport.RoundTrip(a.traced(p.upstream(upstreamRequest(ctx, r, b, c.body), b))) // security.go: credentials; tracing.go: traceparent
 	if err != nil {

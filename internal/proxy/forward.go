@@ -114,7 +114,7 @@ func (a *attempt) firstToken() {
 	a.first = true
 	a.out.TTFT = a.p.now().Sub(a.start)
 	a.t.FirstToken()
-	a.wd.arm(a.p.res.StreamIdleTimeout, errIdleTimeout)
+	a.wd.idle(a.p.res.StreamIdleTimeout)
 }
 
 func (a *attempt) setUsage(u usage) {

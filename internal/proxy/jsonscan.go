@@ -107,11 +107,14 @@ type member struct {
 	// key is the index of the key's opening quote; val and end delimit
 	// the value.
 	key, val, end int
+	// escaped is set when name holds a backslash: looked for once, not at
+	// every comparison, which run for every member of every streamed chunk.
+	escaped bool
 }
 
 // is reports whether the member's key is name.
 func (m member) is(name string) bool {
-	if bytes.IndexByte(m.name, '\\') < 0 {
+	if !m.escaped {
 		return string(m.name) == name // compiles to a comparison, no allocation
 	}
 	// A key spelled with escapes ("model" as "mod\u0065l") is legal JSON;
@@ -146,7 +149,8 @@ func members(obj []byte) iter.Seq[member] {
 			if e < 0 {
 				return
 			}
-			if !yield(member{name: obj[i+1 : ke-1], key: i, val: v, end: e}) {
+			name := obj[i+1 : ke-1]
+			if !yield(member{name: name, key: i, val: v, end: e, escaped: bytes.IndexByte(name, '\\') >= 0}) {
 				return
 			}
 			i = skipSpace(obj, e)

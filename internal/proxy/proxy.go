@@ -143,8 +143,13 @@ type Proxy struct {
 	queue  *admission.Controller
 	// stop ends every attempt still in flight (Stop); draining makes
 	// /readyz answer 503 (Drain).
-	stop          context.Context
-	stopAll       context.CancelFunc
+	stop    context.Context
+	stopAll context.CancelFunc
+	// stopShards are contexts Stop cancels too, that attempts register on
+	// (by a random pick): each registration takes its context's lock,
+	// which would otherwise be one lock for every attempt of every core.
+	stopShards    [stopShardCount]context.Context
+	stopShardsEnd [stopShardCount]context.CancelFunc
 	draining      atomic.Bool
 	sessionHeader string
 	transport     http.RoundTripper
@@ -203,6 +208,9 @@ func New(cfg Config) (*Proxy, error) {
 	p.res = cfg.Resilience.withDefaults()
 	p.budget.ratio, p.budget.min, p.budget.now = p.res.RetryBudget, int64(p.res.RetryBudgetMin), p.now
 	p.stop, p.stopAll = context.WithCancel(context.Background())
+	for i := range p.stopShards {
+		p.stopShards[i], p.stopShardsEnd[i] = context.WithCancel(context.Background())
+	}
 	p.over = cfg.Overload
 	if p.over.MaxPerBackend == 0 {
 		p.over.MaxPerBackend = DefaultMaxPerBackend
@@ -558,10 +566,24 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint)
 // front stops sending new requests; the proxy still serves what comes.
 func (p *Proxy) Drain() { p.draining.Store(true) }
 
+// stopShardCount is the number of stopShards: more than the cores that
+// contend for them.
+const stopShardCount = 32
+
+// stopShard returns a context cancelled by Stop for one attempt to wait on.
+func (p *Proxy) stopShard() context.Context {
+	return p.stopShards[rand.Uint32()%stopShardCount]
+}
+
 // Stop ends every request still in flight: a stream under way ends with an
 // error event, a request not yet answered gets 503. Requests that come after
 // get the same 503 at once. Call it when the shutdown grace has run out.
-func (p *Proxy) Stop() { p.stopAll() }
+func (p *Proxy) Stop() {
+	p.stopAll()
+	for _, cancel := range p.stopShardsEnd {
+		cancel()
+	}
+}
 
 func (p *Proxy) notReady() *apiError {
 	if p.draining.Load() {

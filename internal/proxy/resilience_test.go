@@ -393,3 +393,29 @@ func TestRetryBudget(t *testing.T) {
 		t.Errorf("limit %d long after the burst, with 10 in flight, want the minimum 3", b.limit())
 	}
 }
+
+// The idle watch counts from the latest read: a stream that keeps reading
+// outlives its idle timeout many times over, and one that stops is cut
+// once it has been quiet for the timeout.
+func TestWatchdogIdleCountsFromLatestRead(t *testing.T) {
+	const idle = 500 * time.Millisecond
+	cut := make(chan error, 1)
+	w := newWatchdog(func(err error) { cut <- err })
+	defer w.stop()
+	w.firstToken(time.Hour)
+	w.idle(idle)
+	var quiet time.Time // since the latest read
+	for end := time.Now().Add(4 * idle); time.Now().Before(end); time.Sleep(idle / 20) {
+		quiet = time.Now()
+		w.touch()
+		select {
+		case err := <-cut:
+			t.Fatalf("cut (%v) while reading", err)
+		default:
+		}
+	}
+	err := <-cut
+	if err != errIdleTimeout || time.Since(quiet) < idle {
+		t.Errorf("cut with %v after %v quiet; want errIdleTimeout after %v", err, time.Since(quiet), idle)
+	}
+}

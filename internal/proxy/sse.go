@@ -236,72 +236,26 @@ var streamBufs = sync.Pool{New: func() any { b := make([]byte, streamBufBytes); 
 var errEventTooLarge = fmt.Errorf("event stream: an event is larger than %d bytes", maxEventBytes)
 
 // copyEvents copies an event stream from src to w one complete event at a
-// time, flushing as soon as the events of a read are written, so that no
-// event waits in a buffer while the proxy waits for the backend. Each event
-// goes through sc.inspect on its way; onFirst is called when the first chunk
-// with content has been written. It returns the backend's read error or the
-// client's write error, whichever ended the copy; both nil at the end of the
-// stream.
+// time, and flushes once the events of a read are written: no event waits
+// in a buffer while the proxy waits for the backend, and the events that
+// came in one read (the backend's were already buffered) go out in one
+// write. Each event goes through sc.inspect on its way; onFirst is called
+// when the first chunk with content has been written. It returns the
+// backend's read error or the client's write error, whichever ended the
+// copy; both nil at the end of the stream. It allocates nothing per event.
 func copyEvents(w http.ResponseWriter, src io.Reader, sc *eventScanner, onFirst func()) (readErr, writeErr error) {
 	rc := http.NewResponseController(w)
 	bp := streamBufs.Get().(*[]byte)
 	defer streamBufs.Put(bp) // a grown buffer is left to the GC
-	buf := *bp
-
-	// buf[head:tail] holds bytes read and not yet written; the events in it
-	// end at or after scan.
-	head, tail, scan := 0, 0, 0
-	write := func(ev []byte) error {
-		before := sc.tokens
-		drop, from, to := sc.inspect(ev)
-		switch {
-		case drop:
-			return nil
-		case to > from:
-			if _, err := w.Write(ev[:from]); err != nil {
-				return err
-			}
-			ev = ev[to:]
-		}
-		if _, err := w.Write(ev); err != nil {
-			return err
-		}
-		if before == 0 && sc.tokens > 0 {
-			onFirst()
-		}
-		return nil
-	}
+	ec := eventCopier{w: w, sc: sc, onFirst: onFirst, buf: *bp}
 	for {
-		if tail == len(buf) {
-			switch {
-			case head > 0:
-				tail = copy(buf, buf[head:tail])
-				scan -= head
-				head = 0
-			case len(buf) >= maxEventBytes:
-				return errEventTooLarge, nil
-			default:
-				grown := make([]byte, 2*len(buf))
-				copy(grown, buf[:tail])
-				buf = grown
-			}
+		rerr := ec.read(src)
+		if rerr == errEventTooLarge {
+			return rerr, nil
 		}
-		n, rerr := src.Read(buf[tail:])
-		tail += n
-		wrote := false
-		for {
-			end, next := eventEnd(buf[:tail], scan)
-			scan = next
-			if end < 0 {
-				break
-			}
-			if err := write(buf[head:end]); err != nil {
-				return nil, err
-			}
-			head, wrote = end, true
-		}
-		if head == tail {
-			head, tail, scan = 0, 0, 0
+		wrote, err := ec.forward()
+		if err != nil {
+			return nil, err
 		}
 		if rerr != nil {
 			if !errors.Is(rerr, io.EOF) {
@@ -309,13 +263,9 @@ func copyEvents(w http.ResponseWriter, src io.Reader, sc *eventScanner, onFirst 
 			}
 			// A stream that ends without a blank line still ends its
 			// last event.
-			if tail > head {
-				if err := write(buf[head:tail]); err != nil {
-					return nil, err
-				}
-				wrote = true
-			}
-			if wrote {
+			if last, err := ec.forwardRest(); err != nil {
+				return nil, err
+			} else if wrote || last {
 				return nil, flush(rc)
 			}
 			return nil, nil
@@ -325,6 +275,130 @@ func copyEvents(w http.ResponseWriter, src io.Reader, sc *eventScanner, onFirst 
 				return nil, err
 			}
 		}
+	}
+}
+
+// eventCopier is copyEvents' state: buf[head:tail] holds bytes read and not
+// yet written; the events in it end at or after scan.
+type eventCopier struct {
+	w                http.ResponseWriter
+	sc               *eventScanner
+	onFirst          func()
+	buf              []byte
+	head, tail, scan int
+}
+
+// read reads once from src into the free end of the buffer, first making
+// room: moving the unwritten bytes to the front, or growing the buffer for
+// an event larger than it (up to maxEventBytes).
+func (ec *eventCopier) read(src io.Reader) error {
+	if ec.tail == len(ec.buf) {
+		switch {
+		case ec.head > 0:
+			ec.tail = copy(ec.buf, ec.buf[ec.head:ec.tail])
+			ec.scan -= ec.head
+			ec.head = 0
+		case len(ec.buf) >= maxEventBytes:
+			return errEventTooLarge
+		default:
+			grown := make([]byte, 2*len(ec.buf))
+			copy(grown, ec.buf[:ec.tail])
+			ec.buf = grown
+		}
+	}
+	n, err := src.Read(ec.buf[ec.tail:])
+	ec.tail += n
+	return err
+}
+
+// forward writes the complete events in the buffer, each as sc.inspect
+// says, and reports whether it wrote any. Events forwarded whole go out
+// together, in one write.
+func (ec *eventCopier) forward() (wrote bool, err error) {
+	run := ec.head // the events from run to head go out as they are
+	for {
+		end, next := eventEnd(ec.buf[:ec.tail], ec.scan)
+		ec.scan = next
+		if end < 0 {
+			break
+		}
+		before := ec.sc.tokens
+		drop, from, to := ec.sc.inspect(ec.buf[ec.head:end])
+		if drop || to > from {
+			// This event is edited: what came before it goes first.
+			if err := ec.write(run, ec.head, before); err != nil {
+				return false, err
+			}
+			if !drop {
+				ev := ec.buf[ec.head:end]
+				if _, err := ec.w.Write(ev[:from]); err != nil {
+					return false, err
+				}
+				if _, err := ec.w.Write(ev[to:]); err != nil {
+					return false, err
+				}
+				ec.firstContent(ec.sc.tokens)
+			}
+			run = end
+		}
+		ec.head, wrote = end, wrote || !drop
+	}
+	if err := ec.write(run, ec.head, ec.sc.tokens); err != nil {
+		return false, err
+	}
+	if ec.head == ec.tail {
+		ec.head, ec.tail, ec.scan = 0, 0, 0
+	}
+	return wrote, nil
+}
+
+// forwardRest writes the bytes after the last complete event, the end of a
+// stream that did not end with a blank line, as an event of its own; it
+// reports whether it wrote any.
+func (ec *eventCopier) forwardRest() (bool, error) {
+	if ec.tail <= ec.head {
+		return false, nil
+	}
+	ec.scan = ec.tail
+	end := ec.tail
+	drop, from, to := ec.sc.inspect(ec.buf[ec.head:end])
+	ev := ec.buf[ec.head:end]
+	ec.head = end
+	switch {
+	case drop:
+		return false, nil
+	case to > from:
+		if _, err := ec.w.Write(ev[:from]); err != nil {
+			return false, err
+		}
+		ev = ev[to:]
+	}
+	if _, err := ec.w.Write(ev); err != nil {
+		return false, err
+	}
+	ec.firstContent(ec.sc.tokens)
+	return true, nil
+}
+
+// write writes buf[from:to], events forwarded whole; written is the
+// scanner's count of content chunks up to their end.
+func (ec *eventCopier) write(from, to, written int) error {
+	if to <= from {
+		return nil
+	}
+	if _, err := ec.w.Write(ec.buf[from:to]); err != nil {
+		return err
+	}
+	ec.firstContent(written)
+	return nil
+}
+
+// firstContent calls onFirst, once, when the events written so far hold
+// written content chunks.
+func (ec *eventCopier) firstContent(written int) {
+	if written > 0 && ec.onFirst != nil {
+		ec.onFirst()
+		ec.onFirst = nil
 	}
 }
 

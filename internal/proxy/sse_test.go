@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
 )
 
 func TestEventScannerInspect(t *testing.T) {
@@ -249,4 +251,113 @@ func FuzzInspect(f *testing.F) {
 		}
 		_ = bytes.Clone(ev[:from])
 	})
+}
+
+// countingWriter is a ResponseWriter that keeps what is written and counts
+// the writes and flushes; with discard set it keeps nothing.
+type countingWriter struct {
+	header          http.Header
+	body            bytes.Buffer
+	discard         bool
+	writes, flushes int
+}
+
+func (w *countingWriter) Header() http.Header { return w.header }
+func (w *countingWriter) WriteHeader(int)     {}
+func (w *countingWriter) Flush()              { w.flushes++ }
+func (w *countingWriter) FlushError() error   { w.flushes++; return nil }
+func (w *countingWriter) Write(b []byte) (int, error) {
+	w.writes++
+	if !w.discard {
+		w.body.Write(b)
+	}
+	return len(b), nil
+}
+
+// The events of one read go out in one write and one flush, except those
+// edited on the way (usage taken back out), and the first content is
+// announced once it is written.
+func TestCopyEventsCoalescesARead(t *testing.T) {
+	role := "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n"
+	chunk := func(s string) string { return "data: {\"choices\":[{\"delta\":{\"content\":\"" + s + "\"}}]}\n\n" }
+	withNull := "data: {\"choices\":[{\"delta\":{\"content\":\"c\"}}],\"usage\":null}\n\n"
+	usageOnly := "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3}}\n\n"
+	done := "data: [DONE]\n\n"
+	for _, tt := range []struct {
+		name           string
+		stream, want   string
+		hide           bool
+		writes, tokens int
+	}{
+		{"as they are", role + chunk("a") + chunk("b") + done, role + chunk("a") + chunk("b") + done, false, 1, 2},
+		{"usage hidden", role + chunk("a") + withNull + chunk("b") + usageOnly + done,
+			role + chunk("a") + chunk("c") + chunk("b") + done, true, 1 + 2 + 1 + 1, 3},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w := &countingWriter{header: http.Header{}}
+			sc := eventScanner{usage: noUsage, hideUsage: tt.hide}
+			firsts := 0
+			onFirst := func() {
+				firsts++
+				if !strings.Contains(w.body.String(), "\"a\"") {
+					t.Errorf("first content announced before it was written: %q", w.body.String())
+				}
+			}
+			rerr, werr := copyEvents(w, strings.NewReader(tt.stream), &sc, onFirst)
+			if rerr != nil || werr != nil {
+				t.Fatalf("copy: %v, %v", rerr, werr)
+			}
+			if got := w.body.String(); got != tt.want {
+				t.Errorf("forwarded\n%q\nwant\n%q", got, tt.want)
+			}
+			if w.writes != tt.writes || w.flushes != 1 || firsts != 1 || sc.tokens != tt.tokens {
+				t.Errorf("%d writes, %d flushes, %d first calls, %d tokens; want %d, 1, 1, %d",
+					w.writes, w.flushes, firsts, sc.tokens, tt.writes, tt.tokens)
+			}
+		})
+	}
+}
+
+// eventReader hands out one event per read, as a backend's socket does
+// when the proxy keeps up.
+type eventReader struct {
+	ev   []byte
+	left int
+}
+
+func (r *eventReader) Read(p []byte) (int, error) {
+	if r.left == 0 {
+		return 0, io.EOF
+	}
+	r.left--
+	return copy(p, r.ev), nil
+}
+
+// Streaming allocates nothing per event: a stream of 500 events, one a
+// read, through the attempt's idle watch and held writer, costs about what
+// one of 10 does.
+func TestCopyEventsAllocatesNothingPerEvent(t *testing.T) {
+	ev := []byte("data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" word\"},\"finish_reason\":null}]}\n\n")
+	a := &attempt{p: &Proxy{}, first: true, wd: newWatchdog(func(error) {})}
+	defer a.wd.stop()
+	a.wd.idle(time.Hour)
+	allocs := func(events int) float64 {
+		w := &countingWriter{header: http.Header{}, discard: true}
+		hw := &heldWriter{ResponseWriter: w, status: http.StatusOK, header: http.Header{}}
+		r := &eventReader{ev: ev}
+		return testing.AllocsPerRun(20, func() {
+			r.left = events
+			sc := eventScanner{usage: noUsage}
+			if rerr, werr := copyEvents(hw, idleReader{r: r, a: a}, &sc, func() {}); rerr != nil || werr != nil {
+				t.Fatal(rerr, werr)
+			}
+		})
+	}
+	// AllocsPerRun counts the whole process's allocations: a tenth of one
+	// per event leaves room for other goroutines' and catches any that
+	// every event makes.
+	few, many := allocs(10), allocs(500)
+	if many-few >= 490/10 {
+		t.Errorf("%v allocations for 500 events, %v for 10: streaming allocates per event", many, few)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 )
@@ -139,8 +140,10 @@ func (t *Ticket) Finish(o Outcome) {
 // tokens, so that long prompts, whose estimate matters, weigh most (short
 // ones carry the chat template's fixed tokens). Safe for concurrent use.
 type Tokens struct {
+	// ratio is the bytes per token (float64 bits), read by every request
+	// without the lock that guards the sums it is learned from.
+	ratio          atomic.Uint64
 	mu             sync.Mutex
-	ratio          float64 // bytes per token
 	bytes, counted float64
 }
 
@@ -156,15 +159,13 @@ const (
 
 // NewTokens returns an estimator at the prior ratio.
 func NewTokens() *Tokens {
-	return &Tokens{ratio: defaultRatio, bytes: defaultRatio * priorTokens, counted: priorTokens}
+	t := &Tokens{bytes: defaultRatio * priorTokens, counted: priorTokens}
+	t.ratio.Store(math.Float64bits(defaultRatio))
+	return t
 }
 
 // Ratio returns the learned bytes of prompt text per token.
-func (t *Tokens) Ratio() float64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.ratio
-}
+func (t *Tokens) Ratio() float64 { return math.Float64frombits(t.ratio.Load()) }
 
 // Estimate returns the tokens of a prompt of len(prompt) bytes.
 func (t *Tokens) Estimate(prompt string) int {
@@ -181,7 +182,7 @@ func (t *Tokens) observe(n, tokens int) {
 	defer t.mu.Unlock()
 	t.bytes = t.bytes*ratioDecay + float64(n)
 	t.counted = t.counted*ratioDecay + float64(tokens)
-	t.ratio = t.bytes / t.counted
+	t.ratio.Store(math.Float64bits(t.bytes / t.counted))
 }
 
 // Spec is one policy in the registry: its --policy name, a line for --help,

@@ -1,0 +1,70 @@
+package frontbench
+
+import (
+	"context"
+	"net/http/httptest"
+	"os"
+	"testing"
+	"time"
+)
+
+// TestLoadThroughStdlibFront plays a short load directly and through the
+// standard library's proxy: every stream gets all its events, and every
+// stream started after the warm-up is measured.
+func TestLoadThroughStdlibFront(t *testing.T) {
+	bs, err := StartBackends(2, benchModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bs.Close()
+	h, err := NewStdlibFront(bs.URLs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := httptest.NewServer(h)
+	defer px.Close()
+	for _, targets := range [][]string{bs.URLs, {px.URL}} {
+		res, err := RunLoad(context.Background(), LoadConfig{Targets: targets, Streams: 4, Events: 5,
+			Gap: time.Millisecond, Duration: 50 * time.Millisecond, Model: benchModel, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Errors != 0 || res.Measured == 0 || res.Events < int64(5*res.Measured) {
+			t.Fatalf("%v: %+v", targets, res)
+		}
+		if res.TTFT.N != res.Measured || res.ChunkGap.N != 4*res.Measured || res.Delay.N != 5*res.Measured {
+			t.Errorf("%v: samples %+v %+v %+v for %d streams", targets, res.TTFT, res.ChunkGap, res.Delay, res.Measured)
+		}
+	}
+}
+
+// TestCPUSecondsOfThisProcess spins until this process's CPU time, read
+// from /proc, moves: it must within seconds.
+func TestCPUSecondsOfThisProcess(t *testing.T) {
+	before, err := cpuSeconds(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+		after, err := cpuSeconds(os.Getpid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after > before {
+			return
+		}
+	}
+	t.Errorf("CPU time stayed at %v s over 5 s of spinning", before)
+}
+
+func TestGapFor(t *testing.T) {
+	cfg := Config{EventRate: 25000}
+	for _, tc := range []struct {
+		streams int
+		want    time.Duration
+	}{{100, 20 * time.Millisecond}, {500, 20 * time.Millisecond}, {2000, 80 * time.Millisecond}} {
+		if got := cfg.gapFor(tc.streams); got != tc.want {
+			t.Errorf("gapFor(%d) = %v, want %v", tc.streams, got, tc.want)
+		}
+	}
+}
