@@ -126,6 +126,10 @@ func (e *Engine) Stats() Stats {
 	return s
 }
 
+// CachedBlocks returns how many blocks the prefix cache holds findable by
+// their hashes: stored and not yet evicted, held by a request or not.
+func (e *Engine) CachedBlocks() int { return e.kv.byHash.Len() }
+
 // Add queues r, arrived at now. It fails if r's lengths are invalid or it
 // could never fit in the model's context or the KV cache.
 func (e *Engine) Add(now time.Duration, r *Request) error {
