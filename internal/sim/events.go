@@ -23,6 +23,9 @@ const (
 	evScrape
 	// evSample records every server's load.
 	evSample
+	// evKVEvents delivers server idx's KV events that have arrived to the
+	// routers (Config.KVEvents).
+	evKVEvents
 )
 
 // event is one thing to happen at a moment of virtual time. Events at the

@@ -80,6 +80,12 @@ type Config struct {
 	// (router.KVRouteConfig.Replicas unset), to measure what awareness
 	// saves.
 	ReplicaUnaware bool
+	// KVEvents makes every server publish its KV events (vLLM's
+	// BlockStored and BlockRemoved) and every replica's kvroute read them,
+	// KVEventDelay after the step that made them ends (default
+	// DefaultKVEventDelay; see kvevents.go).
+	KVEvents     bool
+	KVEventDelay time.Duration
 
 	stepwise bool // step every step (tests check that coasting changes nothing)
 }
@@ -104,6 +110,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Tile <= 0 {
 		c.Tile = 1
+	}
+	if c.KVEventDelay <= 0 {
+		c.KVEventDelay = DefaultKVEventDelay
 	}
 	if c.KeepRequests == 0 {
 		c.KeepRequests = 100_000
@@ -263,6 +272,7 @@ type simulation struct {
 	progress func()
 	origin   time.Time
 	tokBuf   []int32
+	kv       *kvFeed // the servers' KV events; nil without Config.KVEvents
 }
 
 // sessionRef is one session of the (tiled) workload.
@@ -290,6 +300,9 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		}
 		s.servers[i].eng = e
 	}
+	if cfg.KVEvents {
+		s.kv = newKVFeed(s)
+	}
 	for r := range cfg.Routers {
 		rep := &replica{
 			metrics: make([]fleet.Metrics, cfg.Backends),
@@ -307,6 +320,9 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		}
 		if !cfg.ReplicaUnaware {
 			opts.KVRoute.Replicas = cfg.Routers
+		}
+		if s.kv != nil {
+			opts.KVRoute.Events = s.kv
 		}
 		// kvroute's prefix index need not be finer than the servers'
 		// blocks: a finer one only spends more work to say the same.
@@ -386,6 +402,8 @@ func (s *simulation) run(ctx context.Context) error {
 			if !s.done() {
 				s.q.push(s.now+s.cfg.Sample, evSample, 0)
 			}
+		case evKVEvents:
+			s.kv.deliver(int(ev.idx))
 		}
 	}
 	return nil
@@ -439,7 +457,13 @@ func (s *simulation) step(i int) {
 			return
 		}
 	}
+	if s.kv != nil {
+		s.kv.stepping = i
+	}
 	res := sv.eng.Step(s.now)
+	if s.kv != nil {
+		s.kv.stepped(i, max(res.End, s.now))
+	}
 	if res.End <= res.Start {
 		// Nothing could be scheduled (no work, or waiting for KV that only
 		// a departure frees): the next arrival wakes it.
@@ -518,6 +542,7 @@ func (s *simulation) sample() {
 func (s *simulation) report(policy string) *results.Run {
 	run := &results.Run{Policy: policy, Requests: s.results}
 	run.Summary = results.Summarize(policy, s.results)
+	run.Summary.PredictionAccuracy = results.PredictionAccuracy(s.results, s.cfg.Profile.BlockSize)
 	busy := make([]time.Duration, len(s.servers))
 	run.Backends = make([]results.BackendSeries, len(s.servers))
 	for i := range s.servers {
