@@ -107,6 +107,15 @@ func (s *Server) KVEventsAddr() (pub, replay string) {
 	return pub, replay
 }
 
+// KVEventBatches returns how many KV event batches the server has
+// published.
+func (s *Server) KVEventBatches() int64 {
+	if s.kv == nil {
+		return 0
+	}
+	return s.kv.pub.Published()
+}
+
 // CachedBlocks returns how many blocks the engine's prefix cache holds
 // findable: what its events have announced and not yet removed.
 func (s *Server) CachedBlocks() int {

@@ -79,7 +79,10 @@ func TestKVEventsEndToEnd(t *testing.T) {
 	}
 	waitFor(t, "the events to reach the store", func() bool {
 		st, _ := store.Status(0)
-		return st == kvevents.Exact && store.Blocks(0, kvevents.MediumGPU) == s.CachedBlocks()
+		// Every batch published applied, and the engine has none left
+		// to publish: the same blocks.
+		return st == kvevents.Exact && store.Applied(0) == s.KVEventBatches() &&
+			store.Blocks(0, kvevents.MediumGPU) == s.CachedBlocks()
 	})
 
 	// The last conversation is cached; its next turn's prompt, tokenized

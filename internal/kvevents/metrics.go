@@ -1,12 +1,11 @@
 package kvevents
 
-import (
-	"errors"
+import "github.com/prometheus/client_golang/prometheus"
 
-	"github.com/prometheus/client_golang/prometheus"
-)
+var _ prometheus.Collector = (*Metrics)(nil)
 
-// Metrics are the subscribers' counters, by backend name. A nil *Metrics
+// Metrics are the subscribers' counters, by backend name: a
+// prometheus.Collector to register or serve beside others. A nil *Metrics
 // counts nothing.
 type Metrics struct {
 	batches  *prometheus.CounterVec
@@ -17,10 +16,11 @@ type Metrics struct {
 	lag      *prometheus.GaugeVec
 	state    *prometheus.GaugeVec
 	blocks   *prometheus.GaugeVec
+	all      []prometheus.Collector
 }
 
-// NewMetrics registers the subscribers' metrics with reg.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+// NewMetrics returns the subscribers' metrics, zero.
+func NewMetrics() *Metrics {
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, append([]string{"backend"}, labels...))
 	}
@@ -37,15 +37,22 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		state:    gauge("kvroute_kv_event_state", "How far the backend's block state is trusted: 0 unknown (the index decides), 1 partial, 2 exact."),
 		blocks:   gauge("kvroute_kv_event_blocks", "Blocks the backend's engine holds, by medium, as its events say.", "medium"),
 	}
-	for _, c := range []prometheus.Collector{m.batches, m.events, m.gaps, m.replayed, m.resets, m.lag, m.state, m.blocks} {
-		if err := reg.Register(c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return nil, err
-			}
-		}
+	m.all = []prometheus.Collector{m.batches, m.events, m.gaps, m.replayed, m.resets, m.lag, m.state, m.blocks}
+	return m
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.all {
+		c.Describe(ch)
 	}
-	return m, nil
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range m.all {
+		c.Collect(ch)
+	}
 }
 
 func (m *Metrics) batch(backend string, b *Batch, lag float64, replayed bool) {

@@ -107,6 +107,13 @@ func (p *Publisher) Publish(b Batch) (int64, error) {
 	return seq, p.pub.Send(zmq4.NewMsgFrom([]byte(p.cfg.Topic), seqBytes(seq), payload))
 }
 
+// Published returns how many sequence numbers the publisher has used.
+func (p *Publisher) Published() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seq
+}
+
 // Lose numbers b and keeps it for replay without sending it: a message
 // the PUB socket dropped (past its high-water mark, or before the
 // subscriber joined), which replay recovers.

@@ -52,6 +52,8 @@ type holdings struct {
 	// orphans counts stored blocks whose parent was unknown (a partial
 	// state's): they can be removed but never matched.
 	orphans int64
+	// applied counts the batches applied, across resets.
+	applied int64
 }
 
 // medium is one tier's blocks: by engine hash, the key each stands for
@@ -112,6 +114,17 @@ func (s *Store) Apply(backend int, b *Batch) {
 	for i := range b.Events {
 		s.apply(h, &b.Events[i])
 	}
+	h.applied++
+}
+
+// Applied returns how many batches of backend's the store has applied.
+func (s *Store) Applied(backend int) int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if h := s.backends[backend]; h != nil {
+		return h.applied
+	}
+	return 0
 }
 
 // apply applies one event. Events of KV cache groups other than the first

@@ -16,8 +16,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/kvevents"
+	"github.com/kvroute/kvroute/internal/kvevents/follow"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
 )
@@ -78,6 +82,10 @@ type Config struct {
 	DrainDelay, Grace time.Duration
 	// Logger receives the components' logs; nil means slog.Default().
 	Logger *slog.Logger
+	// KVEvents, when not nil, follows the backends' engine KV events and
+	// gives kvroute their exact cached blocks (internal/kvevents); its
+	// Metrics and Log are filled in.
+	KVEvents *follow.FollowConfig
 }
 
 // Server is a running router.
@@ -116,12 +124,22 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	fl := fleet.New(cfg.Backends, cfg.Fleet)
 	cfg.Router.Metrics = fl.Metrics // for policies that read scraped load
+	events := newEvents(&cfg, log)
 	rt, err := router.New(cfg.Policy, cfg.Backends, cfg.Router)
 	if err != nil {
 		return nil, err
 	}
-	fl.Watch(rt.SetBackends) // the policy grows before a new backend is a candidate
+	// The policy grows before a new backend is a candidate.
+	fl.Watch(func(bs []*fleet.Backend) {
+		rt.SetBackends(bs)
+		if events != nil {
+			events.SetBackends(bs)
+		}
+	})
 	cfg.Proxy.Fleet, cfg.Proxy.Router = fl, rt
+	if events != nil {
+		cfg.Proxy.Fleet = withCollector{fl, cfg.KVEvents.Metrics}
+	}
 	if cfg.Proxy.Logger == nil {
 		cfg.Proxy.Logger = log
 	}
@@ -156,6 +174,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.api = &http.Server{Handler: px, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		ReadHeaderTimeout: max(cfg.ReadHeaderTimeout, 0), IdleTimeout: max(cfg.IdleTimeout, 0)}
 	s.goRun(func() error { return fl.Run(ctx) })
+	if events != nil {
+		s.goRun(func() error {
+			events.Start(ctx, fl.Backends())
+			<-ctx.Done()
+			events.Wait()
+			return nil
+		})
+	}
 	if d := cfg.Discovery; d != nil {
 		s.goRun(func() error {
 			return d.Run(ctx, func(ctx context.Context, bs []*fleet.Backend) {
@@ -170,6 +196,50 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		s.goRun(func() error { return s.metrics.Serve(mln) })
 	}
 	return s, nil
+}
+
+// newEvents returns the follower of the backends' KV events that cfg asks
+// for (nil for none) and hands it to kvroute.
+func newEvents(cfg *Config, log *slog.Logger) *follow.Follower {
+	if cfg.KVEvents == nil {
+		return nil
+	}
+	kc := *cfg.KVEvents
+	if kc.Metrics == nil {
+		kc.Metrics = kvevents.NewMetrics()
+	}
+	if kc.Log == nil {
+		kc.Log = log
+	}
+	cfg.KVEvents = &kc
+	f := follow.NewFollower(kc)
+	cfg.Router.KVRoute.Events = f
+	return f
+}
+
+// withCollector is the fleet as the proxy sees it, its metrics served
+// with another component's.
+type withCollector struct {
+	*fleet.Fleet
+	extra prometheus.Collector
+}
+
+func (w withCollector) Collector() prometheus.Collector {
+	return collectors{w.Fleet.Collector(), w.extra}
+}
+
+type collectors []prometheus.Collector
+
+func (cs collectors) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range cs {
+		c.Describe(ch)
+	}
+}
+
+func (cs collectors) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range cs {
+		c.Collect(ch)
+	}
 }
 
 func withDefaults(cfg Config) Config {
