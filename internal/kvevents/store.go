@@ -59,10 +59,22 @@ type holdings struct {
 // medium is one tier's blocks: by engine hash, the key each stands for
 // (0: unmatchable) and how many times the engine stored it (vLLM may store
 // one hash twice when two requests compute a block at once); and how many
-// engine blocks hold each key.
+// engine blocks hold each key. With KeyEngine the keys are the hashes and
+// keys stays nil: byHash answers for both.
 type medium struct {
 	byHash map[uint64]stored
 	keys   map[uint64]int32
+}
+
+// holds reports whether the medium holds a block keyed key.
+func (m *medium) holds(key uint64) bool {
+	if m == nil {
+		return false
+	}
+	if m.keys == nil {
+		return m.byHash[key].refs > 0
+	}
+	return m.keys[key] > 0
 }
 
 type stored struct {
@@ -141,7 +153,7 @@ func (s *Store) apply(h *holdings, e *Event) {
 		if e.BlockSize > 0 {
 			h.blockSize = e.BlockSize
 		}
-		s.store(h, h.mediumOf(e.Medium), e)
+		s.store(h, h.mediumOf(e.Medium, s.key), e)
 	case BlockRemoved:
 		m := h.media[e.Medium]
 		if m == nil {
@@ -153,10 +165,13 @@ func (s *Store) apply(h *holdings, e *Event) {
 	}
 }
 
-func (h *holdings) mediumOf(name string) *medium {
+func (h *holdings) mediumOf(name string, key Key) *medium {
 	m := h.media[name]
 	if m == nil {
-		m = &medium{byHash: make(map[uint64]stored), keys: make(map[uint64]int32)}
+		m = &medium{byHash: make(map[uint64]stored)}
+		if key == KeyTokens {
+			m.keys = make(map[uint64]int32)
+		}
 		h.media[name] = m
 	}
 	return m
@@ -218,7 +233,7 @@ func (m *medium) add(hash, key uint64) {
 	st.key = key
 	st.refs++
 	m.byHash[hash] = st
-	if key != 0 {
+	if key != 0 && m.keys != nil {
 		m.keys[key]++
 	}
 }
@@ -237,7 +252,7 @@ func (m *medium) remove(hash uint64) {
 }
 
 func (m *medium) dropKey(key uint64, n int32) {
-	if key == 0 {
+	if key == 0 || m.keys == nil {
 		return
 	}
 	if m.keys[key] -= n; m.keys[key] <= 0 {
@@ -261,8 +276,8 @@ func (s *Store) Match(backend int, keys func(blockSize int) []uint64) (st State,
 	ks := keys(h.blockSize)
 	g, c := h.media[MediumGPU], h.media[MediumCPU]
 	for _, k := range ks {
-		inGPU := g != nil && g.keys[k] > 0
-		if !inGPU && (c == nil || c.keys[k] == 0) {
+		inGPU := g.holds(k)
+		if !inGPU && !c.holds(k) {
 			break
 		}
 		if inGPU && gpu == any {

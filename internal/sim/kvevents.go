@@ -63,6 +63,10 @@ type kvObserver struct {
 }
 
 func (o *kvObserver) Stored(r *engine.Request, i int) {
+	if ev := o.feed.last(o.server, kvevents.BlockStored); ev != nil && i > 0 && ev.Hashes[len(ev.Hashes)-1] == r.BlockHashes[i-1] {
+		ev.Hashes = append(ev.Hashes, r.BlockHashes[i]) // the next block of the same chain
+		return
+	}
 	ev := kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{r.BlockHashes[i]},
 		BlockSize: o.feed.s.cfg.Profile.BlockSize, Medium: kvevents.MediumGPU}
 	if i > 0 {
@@ -72,6 +76,10 @@ func (o *kvObserver) Stored(r *engine.Request, i int) {
 }
 
 func (o *kvObserver) Evicted(hash uint64) {
+	if ev := o.feed.last(o.server, kvevents.BlockRemoved); ev != nil {
+		ev.Hashes = append(ev.Hashes, hash)
+		return
+	}
 	o.feed.add(o.server, kvevents.Event{Kind: kvevents.BlockRemoved, Hashes: []uint64{hash}, Medium: kvevents.MediumGPU})
 }
 
@@ -83,6 +91,22 @@ func (k *kvFeed) add(i int, ev kvevents.Event) {
 		return
 	}
 	k.send(i, k.s.now, ev)
+}
+
+// last returns the event of server i that a next one may extend: the
+// last of the running step's, or of the batch queued for now, if it is of
+// kind k.
+func (k *kvFeed) last(i int, kind kvevents.Kind) *kvevents.Event {
+	var evs []kvevents.Event
+	if k.stepping == i {
+		evs = k.pending
+	} else if q := k.queued[i]; len(q) > 0 && q[len(q)-1].at == k.s.now+k.delay {
+		evs = q[len(q)-1].events
+	}
+	if n := len(evs); n > 0 && evs[n-1].Kind == kind {
+		return &evs[n-1]
+	}
+	return nil
 }
 
 // stepped delivers the events of server i's step, which ends at end.
