@@ -100,7 +100,9 @@ func (s *Server) KVEventsAddr() (pub, replay string) {
 	if s.kv == nil {
 		return "", ""
 	}
-	pub = "tcp://" + s.kv.pub.Addr().String()
+	if a := s.kv.pub.Addr(); a != nil {
+		pub = "tcp://" + a.String()
+	}
 	if a := s.kv.pub.ReplayAddr(); a != nil {
 		replay = "tcp://" + a.String()
 	}

@@ -17,8 +17,13 @@ const DefaultBufferSteps = 10_000
 // vLLM's --kv-events-config (endpoint, replay_endpoint, topic,
 // buffer_steps).
 type PublisherConfig struct {
-	// Endpoint is the PUB socket to bind, e.g. tcp://*:5557.
+	// Endpoint is the PUB socket to bind, e.g. tcp://*:5557, or with
+	// Connect the subscriber's socket to connect to.
 	Endpoint string
+	// Connect connects the PUB socket to Endpoint instead of binding it:
+	// vLLM does so when its endpoint names a host, and llm-d's simulator
+	// always, towards a router that binds (Listener).
+	Connect bool
 	// Replay is the ROUTER socket to bind for replay requests; "" for none.
 	Replay string
 	// Topic is the first frame of every message.
@@ -62,8 +67,17 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{cfg: cfg, cancel: cancel, done: make(chan struct{})}
-	p.pub = zmq4.NewPub(ctx, zmq4.WithLogger(quiet))
-	if err := p.pub.Listen(cfg.Endpoint); err != nil {
+	var open func(string) error
+	if cfg.Connect {
+		// Reconnecting is for a connecting socket only: zmq4 would redial
+		// a bound one's endpoint when a subscriber leaves.
+		p.pub = zmq4.NewPub(ctx, zmq4.WithLogger(quiet), zmq4.WithDialerMaxRetries(-1), zmq4.WithAutomaticReconnect(true))
+		open = p.pub.Dial
+	} else {
+		p.pub = zmq4.NewPub(ctx, zmq4.WithLogger(quiet))
+		open = p.pub.Listen
+	}
+	if err := open(cfg.Endpoint); err != nil {
 		cancel()
 		p.pub.Close()
 		return nil, err
@@ -83,8 +97,14 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	return p, nil
 }
 
-// Addr returns the PUB socket's address (its port when bound to 0).
-func (p *Publisher) Addr() net.Addr { return p.pub.Addr() }
+// Addr returns the PUB socket's address (its port when bound to 0); nil
+// when it connects.
+func (p *Publisher) Addr() net.Addr {
+	if p.cfg.Connect {
+		return nil
+	}
+	return p.pub.Addr()
+}
 
 // ReplayAddr returns the replay socket's address, nil without one.
 func (p *Publisher) ReplayAddr() net.Addr {

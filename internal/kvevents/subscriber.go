@@ -184,6 +184,9 @@ func (s *Subscriber) recover(ctx context.Context, seq int64) {
 		s.log.Info("kv events: gap", "from", from, "to", seq-1)
 	}
 	if s.src.Replay != "" && s.catchUp(ctx, from, seq) {
+		if from == 0 {
+			s.store.SetState(s.src.Backend, Exact) // every batch from the first
+		}
 		return
 	}
 	if s.last >= 0 {
@@ -222,6 +225,19 @@ func (s *Subscriber) status() {
 // endSeq is the replay's end marker: sequence number -1.
 const endSeq = -1
 
+// replayFrames reads one replay answer as a DEALER receives it: the empty
+// delimiter, then [sequence number, batch] (vLLM), or [topic, sequence
+// number, batch] (llm-d's simulator); the end marker has an empty batch.
+func replayFrames(f [][]byte) (int64, []byte, error) {
+	if len(f) > 0 && len(f[0]) == 0 {
+		f = f[1:]
+	}
+	if len(f) < 2 || len(f) > 3 || len(f[len(f)-2]) != 8 {
+		return 0, nil, fmt.Errorf("%w: a replay message of %d frames", ErrFormat, len(f))
+	}
+	return int64(binary.BigEndian.Uint64(f[len(f)-2])), f[len(f)-1], nil
+}
+
 // catchUp asks the replay socket for the batches from from on and applies
 // those before upto (all of them if upto < 0), and reports whether they
 // were all there, without a hole.
@@ -240,29 +256,31 @@ func (s *Subscriber) catchUp(ctx context.Context, from, upto int64) bool {
 		// [identity, "", start].
 		err = d.Send(zmq4.NewMsgFrom([]byte{}, req[:]))
 	}
-	next, whole := from, true
+	next, whole, first := from, true, true
 	for err == nil {
 		var msg zmq4.Msg
 		if msg, err = d.Recv(); err != nil {
 			break
 		}
-		f := msg.Frames
-		if len(f) == 3 && len(f[0]) == 0 {
-			f = f[1:]
-		}
-		if len(f) != 2 || len(f[0]) != 8 {
-			err = fmt.Errorf("%w: a replay message of %d frames", ErrFormat, len(f))
+		var seq int64
+		var payload []byte
+		if seq, payload, err = replayFrames(msg.Frames); err != nil {
 			break
 		}
-		seq := int64(binary.BigEndian.Uint64(f[0]))
 		if seq == endSeq {
 			break
 		}
+		if first && from == 0 && seq == 1 {
+			// A publisher that numbers from 1 (llm-d's simulator): its
+			// first batch is the start.
+			next = 1
+		}
+		first = false
 		if seq < next || (upto >= 0 && seq >= upto) {
 			continue
 		}
 		whole = whole && seq == next
-		b, derr := Decode(f[1])
+		b, derr := Decode(payload)
 		if derr != nil {
 			whole = false
 			continue

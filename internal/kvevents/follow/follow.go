@@ -30,6 +30,10 @@ type FollowConfig struct {
 	ReplayPort int
 	// Endpoints are the sources of named backends, overriding Port.
 	Endpoints map[string]kvevents.Source
+	// Listen, when set, is a SUB socket to bind (tcp://*:5557) that
+	// engines connect to, each naming itself in its topic as llm-d does:
+	// kv@HOST@MODEL, HOST a backend URL's host (one engine per host).
+	Listen string
 	// Topic is the engines' topic ("" matches every topic).
 	Topic string
 	// ReplayTimeout and Retry tune the subscribers (defaults above).
@@ -70,7 +74,12 @@ type Follower struct {
 	mu   sync.Mutex
 	ctx  context.Context // the subscribers' parent, set by Start
 	subs map[int]*following
-	wg   sync.WaitGroup
+	// hosts are the fleet's backends by their URL's host, for Listen's
+	// topics; a host of several backends maps to nil.
+	hosts map[string]*fleet.Backend
+	// members are the fleet's backend indexes.
+	members map[int]bool
+	wg      sync.WaitGroup
 }
 
 type following struct {
@@ -105,6 +114,38 @@ func (f *Follower) Start(ctx context.Context, backends []*fleet.Backend) {
 	f.ctx = ctx
 	f.mu.Unlock()
 	f.SetBackends(backends)
+	if f.cfg.Listen != "" {
+		l, err := kvevents.Listen(ctx, f.cfg.Listen, f.resolve, f.store, f.subscriberOptions())
+		if err != nil {
+			f.log.Error("kv events: cannot listen; the index decides for the engines that connect", "endpoint", f.cfg.Listen, "err", err)
+			return
+		}
+		f.wg.Go(func() { l.Run(ctx) })
+	}
+}
+
+func (f *Follower) subscriberOptions() kvevents.SubscriberOptions {
+	return kvevents.SubscriberOptions{ReplayTimeout: f.cfg.ReplayTimeout, Retry: f.cfg.Retry, Metrics: f.cfg.Metrics, Log: f.log}
+}
+
+// resolve returns the source of the engine publishing on topic, to Listen:
+// the backend at the topic's host, its replay socket at ReplayPort.
+func (f *Follower) resolve(topic string) (kvevents.Source, bool) {
+	host, ok := kvevents.TopicHost(topic)
+	if !ok {
+		return kvevents.Source{}, false
+	}
+	f.mu.Lock()
+	b := f.hosts[host]
+	f.mu.Unlock()
+	if b == nil {
+		return kvevents.Source{}, false
+	}
+	src := kvevents.Source{Backend: b.Index, Name: b.Name, Endpoint: f.cfg.Listen, Topic: topic}
+	if f.cfg.ReplayPort > 0 {
+		src.Replay = "tcp://" + net.JoinHostPort(host, strconv.Itoa(f.cfg.ReplayPort))
+	}
+	return src, true
 }
 
 // Wait returns once every subscriber has stopped (after Start's ctx is
@@ -139,6 +180,16 @@ func (f *Follower) SetBackends(backends []*fleet.Backend) {
 		return
 	}
 	keep := make(map[int]bool, len(backends))
+	f.hosts = make(map[string]*fleet.Backend, len(backends))
+	for _, b := range backends {
+		if b.URL != nil {
+			if _, dup := f.hosts[b.URL.Hostname()]; dup {
+				f.hosts[b.URL.Hostname()] = nil // ambiguous
+			} else {
+				f.hosts[b.URL.Hostname()] = b
+			}
+		}
+	}
 	for _, b := range backends {
 		src, ok := f.source(b)
 		if !ok {
@@ -151,13 +202,22 @@ func (f *Follower) SetBackends(backends []*fleet.Backend) {
 		ctx, cancel := context.WithCancel(f.ctx)
 		fl := &following{cancel: cancel, done: make(chan struct{})}
 		f.subs[b.Index] = fl
-		sub := kvevents.NewSubscriber(src, f.store, kvevents.SubscriberOptions{ReplayTimeout: f.cfg.ReplayTimeout, Retry: f.cfg.Retry,
-			Metrics: f.cfg.Metrics, Log: f.log})
+		sub := kvevents.NewSubscriber(src, f.store, f.subscriberOptions())
 		f.wg.Go(func() {
 			defer close(fl.done)
 			sub.Run(ctx)
 		})
 	}
+	members := make(map[int]bool, len(backends))
+	for _, b := range backends {
+		members[b.Index] = true
+	}
+	for i := range f.members {
+		if !members[i] && f.subs[i] == nil {
+			f.store.Remove(i) // a listened-to engine's: resolve drops its topic now
+		}
+	}
+	f.members = members
 	for i, fl := range f.subs {
 		if keep[i] {
 			continue
