@@ -90,8 +90,8 @@ func (m *Metrics) status(backend string, st State, gpu, cpu int) {
 	m.blocks.WithLabelValues(backend, MediumCPU).Set(float64(cpu))
 }
 
-// forget drops a removed backend's series.
-func (m *Metrics) forget(backend string) {
+// Forget drops the series of a backend that left the fleet.
+func (m *Metrics) Forget(backend string) {
 	if m == nil {
 		return
 	}

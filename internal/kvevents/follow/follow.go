@@ -77,12 +77,13 @@ type Follower struct {
 	// hosts are the fleet's backends by their URL's host, for Listen's
 	// topics; a host of several backends maps to nil.
 	hosts map[string]*fleet.Backend
-	// members are the fleet's backend indexes.
-	members map[int]bool
+	// members are the fleet's backends' names by index.
+	members map[int]string
 	wg      sync.WaitGroup
 }
 
 type following struct {
+	name   string
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -200,7 +201,7 @@ func (f *Follower) SetBackends(backends []*fleet.Backend) {
 			continue
 		}
 		ctx, cancel := context.WithCancel(f.ctx)
-		fl := &following{cancel: cancel, done: make(chan struct{})}
+		fl := &following{name: b.Name, cancel: cancel, done: make(chan struct{})}
 		f.subs[b.Index] = fl
 		sub := kvevents.NewSubscriber(src, f.store, f.subscriberOptions())
 		f.wg.Go(func() {
@@ -208,13 +209,17 @@ func (f *Follower) SetBackends(backends []*fleet.Backend) {
 			sub.Run(ctx)
 		})
 	}
-	members := make(map[int]bool, len(backends))
+	members := make(map[int]string, len(backends))
 	for _, b := range backends {
-		members[b.Index] = true
+		members[b.Index] = b.Name
 	}
-	for i := range f.members {
-		if !members[i] && f.subs[i] == nil {
-			f.store.Remove(i) // a listened-to engine's: resolve drops its topic now
+	for i, name := range f.members {
+		if _, ok := members[i]; ok {
+			continue
+		}
+		if f.subs[i] == nil { // a listened-to engine's: resolve drops its topic now
+			f.store.Remove(i)
+			f.cfg.Metrics.Forget(name)
 		}
 	}
 	f.members = members
@@ -227,6 +232,7 @@ func (f *Follower) SetBackends(backends []*fleet.Backend) {
 		f.wg.Go(func() {
 			<-fl.done
 			f.store.Remove(i)
+			f.cfg.Metrics.Forget(fl.name)
 		})
 	}
 }
