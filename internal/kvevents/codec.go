@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -51,7 +52,35 @@ var (
 // corrupt length cannot make it allocate gigabytes.
 type decoder struct {
 	*msgpack.Decoder
-	r *bytes.Reader
+	r   *bytes.Reader
+	buf []byte // what r reads
+}
+
+// str reads a string or bytes after checking that its declared length
+// fits in what is left: the decoder would allocate it first.
+func (d *decoder) str() ([]byte, error) {
+	left := d.buf[len(d.buf)-d.r.Len():]
+	if len(left) == 0 {
+		return nil, io.ErrUnexpectedEOF
+	}
+	var n uint64
+	switch c := left[0]; {
+	case (c == msgpcode.Str8 || c == msgpcode.Bin8) && len(left) >= 2:
+		n = uint64(left[1])
+	case (c == msgpcode.Str16 || c == msgpcode.Bin16) && len(left) >= 3:
+		n = uint64(binary.BigEndian.Uint16(left[1:]))
+	case (c == msgpcode.Str32 || c == msgpcode.Bin32) && len(left) >= 5:
+		n = uint64(binary.BigEndian.Uint32(left[1:]))
+	}
+	if n > uint64(len(left)) {
+		return nil, fmt.Errorf("a string of %d bytes with %d left", n, len(left))
+	}
+	return d.DecodeBytes()
+}
+
+func (d *decoder) string() (string, error) {
+	b, err := d.str()
+	return string(b), err
 }
 
 func (d *decoder) arrayLen() (int, error) {
@@ -74,7 +103,7 @@ func (d *decoder) mapLen() (int, error) {
 // skipped, so a newer engine's additions do not break it.
 func Decode(payload []byte) (Batch, error) {
 	r := bytes.NewReader(payload)
-	d := &decoder{Decoder: msgpack.NewDecoder(r), r: r}
+	d := &decoder{Decoder: msgpack.NewDecoder(r), r: r, buf: payload}
 	var b Batch
 	batchFields := []string{"ts", "events", "data_parallel_rank"}
 	err := eachField(d, &batchFields, false, func(name string) error {
@@ -134,7 +163,7 @@ func eachField(d *decoder, names *[]string, tagged bool, f func(name string) err
 			return err
 		}
 		for range n {
-			key, err := d.DecodeString()
+			key, err := d.string()
 			if err != nil {
 				return err
 			}
@@ -174,7 +203,7 @@ func decodeEvent(d *decoder) (Event, error) {
 	names := storedFields
 	err := eachField(d, &names, true, func(name string) error {
 		if name == tagField {
-			tag, err := d.DecodeString()
+			tag, err := d.string()
 			if err != nil {
 				return err
 			}
@@ -267,7 +296,7 @@ func decodeOptString(d *decoder) (string, error) {
 	if null, err := isNil(d); null || err != nil {
 		return "", err
 	}
-	return d.DecodeString()
+	return d.string()
 }
 
 // decodeOptHash reads a block hash: an int (a negative one, Python's
@@ -283,7 +312,7 @@ func decodeOptHash(d *decoder) (uint64, bool, error) {
 	case c == msgpcode.Nil:
 		return 0, false, d.DecodeNil()
 	case msgpcode.IsBin(c) || msgpcode.IsString(c):
-		b, err := d.DecodeBytes()
+		b, err := d.str()
 		if err != nil {
 			return 0, false, err
 		}
