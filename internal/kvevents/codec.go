@@ -16,9 +16,10 @@ import (
 var ErrFormat = errors.New("kvevents: not a KV event batch")
 
 // Format is how a batch's structs are laid out in msgpack. vLLM declares
-// them as msgspec Structs with omit_defaults and a tag on the events: up
-// to v0.10 also array_like (FormatArray), since then as maps (FormatMap).
-// Decode reads both; llm-d's simulator sends either.
+// them as msgspec Structs with omit_defaults and a tag on the events: for
+// most of its releases also array_like (FormatArray, what its subscriber
+// example decodes), in its current source without it, as maps
+// (FormatMap). Decode reads both; llm-d's simulator sends either.
 type Format uint8
 
 const (

@@ -10,8 +10,8 @@ import (
 
 // The fixtures are written byte by byte from the msgpack spec and vLLM's
 // declarations (vllm/distributed/kv_events.py): msgspec Structs with
-// omit_defaults, the events tagged with their class name; array_like up to
-// v0.10 (the subscriber example's copy), maps since.
+// omit_defaults, the events tagged with their class name; array_like in
+// most releases (the subscriber example's copy), maps in the current source.
 
 // fixstr is a msgpack fixstr (up to 31 bytes): 0xa0|len, then the bytes.
 func fixstr(s string) []byte { return append([]byte{0xa0 | byte(len(s))}, s...) }
