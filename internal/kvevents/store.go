@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"encoding/binary"
+	"slices"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -42,10 +43,33 @@ type Store struct {
 	key      Key
 	mu       sync.RWMutex
 	backends map[int]*holdings
+	// holders are, per key, the backends holding it on the GPU: a
+	// prompt's match walks its keys once for the whole fleet, as the
+	// prefix index does, instead of once per backend.
+	holders map[uint64][]int32
+	// info is every backend's state and block size by index, contiguous:
+	// what MatchGPU reads for each candidate (synced by summarize).
+	info []summary
+}
+
+type summary struct {
+	state     State
+	blockSize int32
+}
+
+// summarize copies h's state and block size into info. Call with mu held
+// for writing.
+func (s *Store) summarize(h *holdings) {
+	for int(h.backend) >= len(s.info) {
+		s.info = append(s.info, summary{})
+	}
+	s.info[h.backend] = summary{h.state, int32(h.blockSize)}
 }
 
 // holdings is one backend's blocks.
 type holdings struct {
+	backend   int32
+	store     *Store
 	state     State
 	blockSize int
 	media     map[string]*medium
@@ -64,6 +88,30 @@ type holdings struct {
 type medium struct {
 	byHash map[uint64]stored
 	keys   map[uint64]int32
+	// held, for the GPU medium, hears a key become held or not.
+	held func(key uint64, on bool)
+}
+
+func (m *medium) note(key uint64, on bool) {
+	if m.held != nil {
+		m.held(key, on)
+	}
+}
+
+// release tells held that every key is gone, before the medium is dropped.
+func (m *medium) release() {
+	if m.held == nil {
+		return
+	}
+	if m.keys != nil {
+		for k := range m.keys {
+			m.held(k, false)
+		}
+		return
+	}
+	for h := range m.byHash {
+		m.held(h, false)
+	}
 }
 
 // holds reports whether the medium holds a block keyed key.
@@ -83,15 +131,47 @@ type stored struct {
 }
 
 // NewStore returns an empty store naming blocks by key.
-func NewStore(key Key) *Store { return &Store{key: key, backends: make(map[int]*holdings)} }
+func NewStore(key Key) *Store {
+	return &Store{key: key, backends: make(map[int]*holdings), holders: make(map[uint64][]int32)}
+}
 
 func (s *Store) holdingsOf(backend int) *holdings {
 	h := s.backends[backend]
 	if h == nil {
-		h = &holdings{media: make(map[string]*medium)}
+		h = &holdings{media: make(map[string]*medium), backend: int32(backend), store: s}
 		s.backends[backend] = h
 	}
 	return h
+}
+
+// hold records that backend holds key on the GPU, or no longer does.
+// Call with mu held for writing.
+func (s *Store) hold(backend int32, key uint64, on bool) {
+	hs := s.holders[key]
+	if on {
+		s.holders[key] = append(hs, backend)
+		return
+	}
+	for i, b := range hs {
+		if b == backend {
+			hs[i] = hs[len(hs)-1]
+			hs = hs[:len(hs)-1]
+			break
+		}
+	}
+	if len(hs) == 0 {
+		delete(s.holders, key)
+	} else {
+		s.holders[key] = hs
+	}
+}
+
+// clearMedia drops every block of h.
+func (h *holdings) clearMedia() {
+	for _, m := range h.media {
+		m.release()
+	}
+	clear(h.media)
 }
 
 // Reset forgets every block of backend and sets its state: Exact for an
@@ -100,21 +180,29 @@ func (s *Store) Reset(backend int, st State) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.holdingsOf(backend)
-	clear(h.media)
+	h.clearMedia()
 	h.state, h.orphans = st, 0
+	s.summarize(h)
 }
 
 // SetState sets backend's state, keeping its blocks.
 func (s *Store) SetState(backend int, st State) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.holdingsOf(backend).state = st
+	h := s.holdingsOf(backend)
+	h.state = st
+	s.summarize(h)
 }
 
 // Remove forgets backend altogether: it left the fleet.
 func (s *Store) Remove(backend int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if h := s.backends[backend]; h != nil {
+		h.clearMedia()
+		h.state, h.blockSize = Unknown, 0
+		s.summarize(h)
+	}
 	delete(s.backends, backend)
 }
 
@@ -148,10 +236,11 @@ func (s *Store) apply(h *holdings, e *Event) {
 	}
 	switch e.Kind {
 	case AllBlocksCleared:
-		clear(h.media)
+		h.clearMedia()
 	case BlockStored:
-		if e.BlockSize > 0 {
+		if e.BlockSize > 0 && e.BlockSize != h.blockSize {
 			h.blockSize = e.BlockSize
+			s.summarize(h)
 		}
 		s.store(h, h.mediumOf(e.Medium, s.key), e)
 	case BlockRemoved:
@@ -171,6 +260,9 @@ func (h *holdings) mediumOf(name string, key Key) *medium {
 		m = &medium{byHash: make(map[uint64]stored)}
 		if key == KeyTokens {
 			m.keys = make(map[uint64]int32)
+		}
+		if name == MediumGPU {
+			m.held = func(k uint64, on bool) { h.store.hold(h.backend, k, on) }
 		}
 		h.media[name] = m
 	}
@@ -233,8 +325,13 @@ func (m *medium) add(hash, key uint64) {
 	st.key = key
 	st.refs++
 	m.byHash[hash] = st
-	if key != 0 && m.keys != nil {
-		m.keys[key]++
+	switch {
+	case m.keys == nil && st.refs == 1: // engine keys: the hash is the key
+		m.note(hash, true)
+	case key != 0 && m.keys != nil:
+		if m.keys[key]++; m.keys[key] == 1 {
+			m.note(key, true)
+		}
 	}
 }
 
@@ -246,6 +343,9 @@ func (m *medium) remove(hash uint64) {
 	m.dropKey(st.key, 1)
 	if st.refs--; st.refs <= 0 {
 		delete(m.byHash, hash)
+		if m.keys == nil {
+			m.note(hash, false)
+		}
 		return
 	}
 	m.byHash[hash] = st
@@ -257,6 +357,7 @@ func (m *medium) dropKey(key uint64, n int32) {
 	}
 	if m.keys[key] -= n; m.keys[key] <= 0 {
 		delete(m.keys, key)
+		m.note(key, false)
 	}
 }
 
@@ -286,6 +387,68 @@ func (s *Store) Match(backend int, keys func(blockSize int) []uint64) (st State,
 		any++
 	}
 	return h.state, h.blockSize, gpu, any
+}
+
+// Matched is what one backend's events say of a prompt.
+type Matched struct {
+	State     State
+	BlockSize int
+	// Blocks are the prompt's leading blocks the backend holds on the GPU.
+	Blocks int
+}
+
+// MatchGPU sets dst[i] to what backends[i] holds of a prompt on the GPU;
+// keys returns the prompt's chain for a block size (once per block size
+// the backends use). It walks the prompt's keys once for all backends,
+// stopping where none holds the next.
+func (s *Store) MatchGPU(backends []int, keys func(blockSize int) []uint64, dst []Matched) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var sizes []int
+	for i, b := range backends {
+		dst[i] = Matched{}
+		if b >= 0 && b < len(s.info) {
+			in := s.info[b]
+			dst[i] = Matched{State: in.state, BlockSize: int(in.blockSize)}
+			if in.state != Unknown && in.blockSize > 0 && !slices.Contains(sizes, int(in.blockSize)) {
+				sizes = append(sizes, int(in.blockSize))
+			}
+		}
+	}
+	var held []int32
+	for _, bs := range sizes {
+		if held == nil {
+			held = make([]int32, len(s.info))
+		} else {
+			clear(held)
+		}
+		if !s.walk(keys(bs), held) {
+			continue
+		}
+		for i, b := range backends {
+			if dst[i].BlockSize == bs && dst[i].State != Unknown && b >= 0 && b < len(held) {
+				dst[i].Blocks = int(held[b])
+			}
+		}
+	}
+}
+
+// walk sets held[b], for every backend b holding at least the first of
+// keys on the GPU, to how many leading keys it holds, and reports whether
+// any does. Call with mu held.
+func (s *Store) walk(keys []uint64, held []int32) bool {
+	for i, k := range keys {
+		alive := false
+		for _, b := range s.holders[k] {
+			if int(b) < len(held) && held[b] == int32(i) {
+				held[b], alive = int32(i+1), true
+			}
+		}
+		if !alive {
+			return i > 0
+		}
+	}
+	return len(keys) > 0
 }
 
 // Blocks returns how many blocks backend holds in medium (engine hashes,

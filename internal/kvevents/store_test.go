@@ -96,3 +96,75 @@ func TestStoreStates(t *testing.T) {
 		t.Fatalf("a removed backend is %v", st)
 	}
 }
+
+// MatchGPU, which walks a reverse index of the whole fleet, agrees with
+// Match, backend by backend, through random stores, removals, resets and
+// clears, in both key modes.
+func TestMatchGPUAgrees(t *testing.T) {
+	for _, key := range []Key{KeyTokens, KeyEngine} {
+		s := NewStore(key)
+		rng := uint64(7)
+		next := func(n int) int {
+			rng = rng*6364136223846793005 + 1442695040888963407
+			return int(rng>>33) % n
+		}
+		prompts := make([][]int32, 4)
+		for p := range prompts {
+			prompts[p] = make([]int32, 40)
+			for i := range prompts[p] {
+				prompts[p][i] = int32(p*(i/10) + i) // prompts share early blocks
+			}
+		}
+		// engineHash names block i of prompt p as an engine would: its
+		// content and prefix.
+		engineHash := func(p, i int) uint64 { return TokenChain(nil, prompts[p][:(i+1)*4], 4)[i] }
+		backends := []int{0, 1, 2, 3, 4}
+		for _, b := range backends {
+			s.Reset(b, Exact)
+		}
+		for range 3000 {
+			b, p := next(5), next(4)
+			switch op := next(20); {
+			case op < 12:
+				from, n := next(10), 1+next(3)
+				n = min(n, 10-from)
+				ev := Event{Kind: BlockStored, BlockSize: 4, Medium: MediumGPU, Tokens: prompts[p][from*4 : (from+n)*4]}
+				if next(4) == 0 {
+					ev.Medium = MediumCPU
+				}
+				for i := from; i < from+n; i++ {
+					ev.Hashes = append(ev.Hashes, engineHash(p, i))
+				}
+				if from > 0 {
+					ev.Parent, ev.HasParent = engineHash(p, from-1), true
+				}
+				s.Apply(b, &Batch{Events: []Event{ev}})
+			case op < 19:
+				s.Apply(b, &Batch{Events: []Event{{Kind: BlockRemoved, Hashes: []uint64{engineHash(p, next(10))}, Medium: MediumGPU}}})
+			case op == 19 && next(5) == 0:
+				s.Reset(b, Exact)
+			default:
+				s.Apply(b, &Batch{Events: []Event{{Kind: AllBlocksCleared}}})
+			}
+			p = next(4)
+			keys := func(bs int) []uint64 {
+				if key == KeyEngine {
+					out := make([]uint64, 10)
+					for i := range out {
+						out[i] = engineHash(p, i)
+					}
+					return out
+				}
+				return TokenChain(nil, prompts[p], bs)
+			}
+			got := make([]Matched, len(backends))
+			s.MatchGPU(backends, keys, got)
+			for i, b := range backends {
+				st, bs, gpu, _ := s.Match(b, keys)
+				if got[i] != (Matched{State: st, BlockSize: bs, Blocks: gpu}) {
+					t.Fatalf("key mode %d, backend %d: MatchGPU %+v, Match %v %d %d", key, b, got[i], st, bs, gpu)
+				}
+			}
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/engine"
@@ -35,6 +36,9 @@ type kvFeed struct {
 	// prompt is the engine block hashes of the prompt being routed, as far
 	// as the engine can reuse them.
 	prompt []uint64
+	// Match's scratch.
+	idx     []int
+	matched []kvevents.Matched
 }
 
 type kvBatch struct {
@@ -155,9 +159,12 @@ var _ router.KVEvents = (*kvFeed)(nil)
 
 // Match implements router.KVEvents.
 func (k *kvFeed) Match(_ *router.Request, cands []*fleet.Backend, dst []router.KVState) {
-	keys := func(int) []uint64 { return k.prompt }
-	for i, b := range cands {
-		st, bs, gpu, _ := k.store.Match(b.Index, keys)
-		dst[i] = router.KVState{Tokens: gpu * bs, Known: st != kvevents.Unknown, Exact: st == kvevents.Exact}
+	k.idx, k.matched = k.idx[:0], slices.Grow(k.matched[:0], len(cands))[:len(cands)]
+	for _, b := range cands {
+		k.idx = append(k.idx, b.Index)
+	}
+	k.store.MatchGPU(k.idx, func(int) []uint64 { return k.prompt }, k.matched)
+	for i, m := range k.matched {
+		dst[i] = router.KVState{Tokens: m.Blocks * m.BlockSize, Known: m.State != kvevents.Unknown, Exact: m.State == kvevents.Exact}
 	}
 }

@@ -262,9 +262,14 @@ func (f *Follower) Match(req *router.Request, cands []*fleet.Backend, dst []rout
 		}
 		return keys
 	}
+	idx := make([]int, len(cands))
 	for i, b := range cands {
-		st, size, gpu, _ := f.store.Match(b.Index, keyFor)
-		dst[i] = router.KVState{Tokens: gpu * size, Known: st != kvevents.Unknown, Exact: st == kvevents.Exact}
+		idx[i] = b.Index
+	}
+	matched := make([]kvevents.Matched, len(cands))
+	f.store.MatchGPU(idx, keyFor, matched)
+	for i, m := range matched {
+		dst[i] = router.KVState{Tokens: m.Blocks * m.BlockSize, Known: m.State != kvevents.Unknown, Exact: m.State == kvevents.Exact}
 	}
 }
 
