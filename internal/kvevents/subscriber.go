@@ -94,13 +94,19 @@ var quiet = log.New(io.Discard, "", 0)
 // failure; while it is not connected the backend's state is Unknown.
 func (s *Subscriber) Run(ctx context.Context) {
 	for ctx.Err() == nil {
-		err := s.session(ctx)
+		connected, err := s.session(ctx)
 		s.store.SetState(s.src.Backend, Unknown)
 		s.status()
 		if ctx.Err() != nil {
 			return
 		}
-		s.log.Warn("kv events: disconnected", "err", err, "retry", s.retry)
+		// On the transition only: an engine that stays down is tried
+		// every retry without a line each time.
+		if connected {
+			s.log.Warn("kv events: disconnected; the index decides until reconnected", "err", err, "retry", s.retry)
+		} else {
+			s.log.Debug("kv events: cannot connect", "err", err, "retry", s.retry)
+		}
 		t := time.NewTimer(s.retry)
 		select {
 		case <-ctx.Done():
@@ -112,17 +118,17 @@ func (s *Subscriber) Run(ctx context.Context) {
 }
 
 // session connects, catches up from the replay socket and applies live
-// batches until the connection fails.
-func (s *Subscriber) session(ctx context.Context) error {
+// batches until the connection fails; it reports whether it connected.
+func (s *Subscriber) session(ctx context.Context) (bool, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	sub := zmq4.NewSub(ctx, zmq4.WithLogger(quiet), zmq4.WithDialerMaxRetries(0))
 	defer sub.Close()
 	if err := sub.Dial(s.src.Endpoint); err != nil {
-		return err
+		return false, err
 	}
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.src.Topic); err != nil {
-		return err
+		return false, err
 	}
 	s.last, s.afterReplay = -1, false
 	s.store.Reset(s.src.Backend, Unknown)
@@ -136,7 +142,7 @@ func (s *Subscriber) session(ctx context.Context) error {
 	for {
 		msg, err := sub.Recv()
 		if err != nil {
-			return err
+			return true, err
 		}
 		if err := s.handle(ctx, msg.Frames); err != nil {
 			s.log.Warn("kv events: bad message", "err", err)
