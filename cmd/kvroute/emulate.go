@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/kvevents"
 )
 
 // shutdownGrace is how long in-flight requests get to finish on SIGINT or
@@ -52,6 +53,8 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 		faults           emulator.Faults
 		apiKey           string
 		admin            bool
+		kvEvents         kvevents.PublisherConfig
+		kvFormat         string
 	)
 	fs.StringVar(&cfg.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&cfg.port, "port", 8001, "port of the first replica; replica i listens on port+i (0: any free port)")
@@ -71,6 +74,10 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 	registerFaultFlags(fs, &faults)
 	fs.StringVar(&apiKey, "api-key", "", "require the header Authorization: Bearer `KEY` on every /v1 request, as vLLM's --api-key (/health and /metrics stay open)")
 	fs.BoolVar(&admin, "admin", true, "serve GET and PUT /admin/faults (the faults as JSON) to loopback clients only")
+	fs.StringVar(&kvEvents.Endpoint, "kv-events-endpoint", "", "publish vLLM's KV events on this ZMQ PUB `ENDPOINT` (tcp://*:5557; replica i on port+i, as vLLM's data-parallel ranks; port 0: any); empty: none")
+	fs.StringVar(&kvEvents.Replay, "kv-events-replay-endpoint", "", "answer KV event replay requests on this ZMQ ROUTER `ENDPOINT` (tcp://*:5558; replica i on port+i)")
+	fs.StringVar(&kvEvents.Topic, "kv-events-topic", "", "topic of the KV event messages (vLLM's kv_events_config topic)")
+	fs.StringVar(&kvFormat, "kv-events-format", "map", "msgpack layout of the KV event batches: map (vLLM's current source) or array (array_like, as most vLLM releases and its subscriber example)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute emulate [flags]\n\n"+
 			"Serves emulated vLLM servers: the OpenAI API (/v1/chat/completions, /v1/completions,\n"+
@@ -137,6 +144,12 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 	}
 	cfg.server = emulator.Config{Model: model, Profile: p, TimeScale: timeScale, Seed: seed,
 		Faults: faults, APIKey: apiKey, Admin: admin}
+	if kvEvents.Endpoint != "" {
+		if kvEvents.Format, err = kvevents.ParseFormat(kvFormat); err != nil {
+			return cfg, err
+		}
+		cfg.server.KVEvents = &kvEvents
+	}
 	return cfg, nil
 }
 
@@ -161,6 +174,20 @@ func runEmulate(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// offsetPort returns a tcp endpoint with its port moved up by i (vLLM's
+// offset for data-parallel ranks); a port of 0 or * stays any.
+func offsetPort(endpoint string, i int) string {
+	colon := strings.LastIndexByte(endpoint, ':')
+	if i == 0 || colon < 0 {
+		return endpoint
+	}
+	port, err := strconv.Atoi(endpoint[colon+1:])
+	if err != nil || port == 0 {
+		return endpoint
+	}
+	return endpoint[:colon+1] + strconv.Itoa(port+i)
+}
+
 // replica is one emulated server and its listener.
 type replica struct {
 	srv  *emulator.Server
@@ -177,6 +204,7 @@ func emulate(ctx context.Context, cfg emulateConfig, log *slog.Logger, ready fun
 	defer func() {
 		for _, r := range replicas {
 			r.ln.Close()
+			r.srv.Close() // after the drivers stopped: the KV event sockets
 		}
 	}()
 	for i := range cfg.replicas {
@@ -190,6 +218,11 @@ func emulate(ctx context.Context, cfg emulateConfig, log *slog.Logger, ready fun
 		}
 		sc := cfg.server
 		sc.Logger = log.With("replica", i)
+		if sc.KVEvents != nil {
+			ev := *sc.KVEvents
+			ev.Endpoint, ev.Replay = offsetPort(ev.Endpoint, i), offsetPort(ev.Replay, i)
+			sc.KVEvents = &ev
+		}
 		srv, err := emulator.New(sc)
 		if err != nil {
 			ln.Close()
@@ -215,6 +248,9 @@ func emulate(ctx context.Context, cfg emulateConfig, log *slog.Logger, ready fun
 				errc <- fmt.Errorf("replica %d: %w", i, err)
 			}
 		}()
+		if pub, replay := r.srv.KVEventsAddr(); pub != "" {
+			log.Info("publishing kv events", "replica", i, "endpoint", pub, "replay", replay)
+		}
 		p := r.srv.Profile()
 		log.Info("emulating vLLM", "replica", i, "url", r.url, "model", r.srv.Model(),
 			"profile", p.Name, "kv_blocks", p.Blocks(), "block_size", p.BlockSize,

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -37,6 +38,7 @@ type serveConfig struct {
 	security       securityConfig     // securityflags.go
 	tracing        tracingConfig      // tracingflags.go
 	duplicates     []duplicateBackend // dedupe.go: --backend flags dropped, logged at start
+	kvEvents       kvEventsConfig     // kveventsflags.go
 }
 
 // stringList is a repeatable string flag.
@@ -72,6 +74,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	cfg.security.register(fs)   // securityflags.go
 	registerHardening(fs, &cfg) // hardenflags.go
 	cfg.tracing.register(fs)    // tracingflags.go
+	cfg.kvEvents.register(fs)   // kveventsflags.go
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute serve --backend URL [--backend URL ...] [flags]\n\n"+
 			"Serves the OpenAI API and routes every request to the backend where it is predicted to\n"+
@@ -145,6 +148,9 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	if _, err := cfg.tracing.exporterOptions(); err != nil { // tracingflags.go
 		return cfg, err
 	}
+	if _, err := cfg.kvEvents.config(nil); err != nil { // kveventsflags.go
+		return cfg, err
+	}
 	return cfg, nil
 }
 
@@ -192,6 +198,11 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	sc.Proxy = cfg.security.proxyConfig(proxy.Config{SessionHeader: cfg.sessionHeader, Logger: log, Transport: t,
 		Resilience: cfg.resilience, Overload: cfg.overload})
 	sc.TLS, sc.MetricsListen = cfg.security.serverTLS, cfg.security.metricsListen
+	kv, err := cfg.kvEvents.config(&http.Client{Transport: t}) // kveventsflags.go
+	if err != nil {
+		return err
+	}
+	sc.KVEvents = kv
 	tp, stopTracing, err := cfg.tracing.start(ctx) // tracingflags.go
 	if err != nil {
 		return err

@@ -56,6 +56,8 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.DurationVar(&sf.cfg.Scrape, "scrape-interval", time.Second, "how often each router replica reads the servers' metrics")
 	fs.DurationVar(&sf.cfg.Gossip, "gossip", 0, "how often router replicas share their in-flight counts, as serve's --peer does every --peer-interval (0: never)")
 	fs.BoolVar(&sf.cfg.ReplicaUnaware, "replica-unaware", false, "do not tell kvroute how many replicas share the fleet (to measure what that saves)")
+	fs.BoolVar(&sf.cfg.KVEvents, "kv-events", false, "servers publish their KV events (vLLM's BlockStored, BlockRemoved) and kvroute reads them: exact cached blocks instead of the index's guess")
+	fs.DurationVar(&sf.cfg.KVEventDelay, "kv-event-delay", sim.DefaultKVEventDelay, "with --kv-events: how long after the step that made them the routers see a server's events")
 	fs.BoolVar(&sf.cfg.Text, "text", false, "traces: render prompts as text and tokenize them, as the live bench does (slower)")
 	fs.IntVar(&sf.cfg.KeepRequests, "keep-requests", 100_000, "per-request results kept in results.json (an even sample beyond; -1: all)")
 	fs.DurationVar(&sf.find.SLO, "slo-ttft-p99", 0, "p99 TTFT objective for --find-backends (e.g. 2s)")

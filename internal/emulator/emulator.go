@@ -9,8 +9,9 @@
 // its next turn hits the prefix cache as it would on vLLM.
 //
 // Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming and
-// not), GET /v1/models, GET /health and GET /metrics (vLLM metric names),
-// and, with Config.Admin, GET and PUT /admin/faults.
+// not), GET /v1/models, POST /tokenize, GET /health and GET /metrics (vLLM
+// metric names), and, with Config.Admin, GET and PUT /admin/faults. With
+// Config.KVEvents it publishes vLLM's KV events over ZMQ.
 //
 // A Server can inject faults (see Faults): hangs, 500s and 429s at a seeded
 // rate, streams cut after N tokens, slow steps and a failing /health; and,
@@ -36,6 +37,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/kvevents"
 )
 
 // Headers (or trailers, on streams) with a request's latencies in model
@@ -84,6 +86,11 @@ type Config struct {
 	// Admin serves GET and PUT /admin/faults (the faults as JSON) to
 	// clients on loopback addresses; others get 403.
 	Admin bool
+	// KVEvents, when not nil, publishes the engine's KV events as vLLM's
+	// --kv-events-config does (a ZMQ PUB socket, a replay socket, a
+	// topic), from the engine model's block stores and evictions. Close
+	// releases the sockets.
+	KVEvents *kvevents.PublisherConfig
 }
 
 // Server is one emulated vLLM server: an http.Handler for the OpenAI API plus
@@ -117,6 +124,9 @@ type Server struct {
 	admin      bool
 	responses  responseStore // by id, for previous_response_id (responses.go)
 
+	// kv publishes the engine's KV events; nil when not configured.
+	kv *kvEvents
+
 	wake    chan struct{} // cap 1: work arrived or left
 	stopped chan struct{} // closed when Run returns
 	started atomic.Bool
@@ -143,6 +153,9 @@ type call struct {
 
 	// lastToken is the model time of the latest token; driver only.
 	lastToken time.Duration
+	// seq is the whole sequence, prompt and output: the token ids of its
+	// KV events' blocks.
+	seq []int32
 }
 
 func (c *call) finishReason() string {
@@ -216,7 +229,24 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.admin = cfg.Admin
 	s.metrics = newMetrics(s)
+	if cfg.KVEvents != nil {
+		pub, err := kvevents.NewPublisher(*cfg.KVEvents)
+		if err != nil {
+			return nil, fmt.Errorf("emulator: kv events: %w", err)
+		}
+		s.kv = &kvEvents{pub: pub, tokens: s.callTokens, bsize: p.BlockSize}
+		eng.SetObserver(s.kv)
+	}
 	return s, nil
+}
+
+// Close releases what New opened beyond memory: the KV event sockets. Call
+// it after Run has returned.
+func (s *Server) Close() error {
+	if s.kv == nil {
+		return nil
+	}
+	return s.kv.pub.Close()
 }
 
 // Model returns the served model name.
@@ -237,6 +267,7 @@ func (s *Server) Run(ctx context.Context) error {
 		lastEnd time.Duration
 	)
 	for {
+		s.publishEvents()
 		s.mu.Lock()
 		if !s.eng.HasWork() {
 			s.mu.Unlock()

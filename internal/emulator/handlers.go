@@ -38,6 +38,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if allow(w, r, http.MethodPost) {
 			s.handleResponses(w, r) // responses.go
 		}
+	case "/tokenize":
+		if allow(w, r, http.MethodPost) {
+			s.handleTokenize(w, r)
+		}
 	case "/v1/models":
 		if allow(w, r, http.MethodGet, http.MethodHead) {
 			s.handleModels(w)
@@ -161,16 +165,21 @@ type exchange struct {
 	done      func(*call)
 }
 
+// modelNotFound is vLLM's error for a model it does not serve.
+func modelNotFound(model string) *openai.Error {
+	return &openai.Error{
+		Status:  http.StatusNotFound,
+		Message: fmt.Sprintf("The model `%s` does not exist.", model),
+		Type:    openai.TypeInvalidRequest,
+		Param:   "model",
+		Code:    "model_not_found",
+	}
+}
+
 // prepare checks the fields shared by both endpoints.
 func (s *Server) prepare(model string, n *int, stream bool, opts *streamOptions, chat bool, limits ...namedLimit) (*exchange, *openai.Error) {
 	if model != "" && model != s.model {
-		return nil, &openai.Error{
-			Status:  http.StatusNotFound,
-			Message: fmt.Sprintf("The model `%s` does not exist.", model),
-			Type:    openai.TypeInvalidRequest,
-			Param:   "model",
-			Code:    "model_not_found",
-		}
+		return nil, modelNotFound(model)
 	}
 	maxTokens, e := checkCommon(n, limits...)
 	if e != nil {

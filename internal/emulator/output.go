@@ -47,6 +47,7 @@ func (s *Server) newCall(prompt []int32, maxTokens *int, what string) (*call, *o
 		ids = append(ids, tokenizer.EOT)
 	}
 	seq := append(prompt[:len(prompt):len(prompt)], ids...)
+	c.seq = seq
 	c.req = engine.Request{
 		PromptLen:   len(prompt),
 		MaxTokens:   c.total,

@@ -143,6 +143,16 @@ type namedLimit struct {
 
 // chatPrompt validates a chat request and renders its prompt tokens.
 func chatPrompt(req *chatRequest) ([]int32, *openai.Error) {
+	msgs, e := chatMessages(req.Messages)
+	if e != nil {
+		return nil, e
+	}
+	return tokenizer.EncodeChat(nil, msgs, true), nil
+}
+
+// chatMessages validates a request's messages and returns their text.
+func chatMessages(messages []chatMessage) ([]tokenizer.Message, *openai.Error) {
+	req := struct{ Messages []chatMessage }{messages}
 	if req.Messages == nil {
 		return nil, badRequest("messages", "'messages' is a required property")
 	}
@@ -164,7 +174,7 @@ func chatPrompt(req *chatRequest) ([]int32, *openai.Error) {
 		}
 		msgs[i] = tokenizer.Message{Role: m.Role, Content: text}
 	}
-	return tokenizer.EncodeChat(nil, msgs, true), nil
+	return msgs, nil
 }
 
 // messageText returns a message's content as one string. Text parts are

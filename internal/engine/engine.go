@@ -38,6 +38,29 @@ type Engine struct {
 	tokens []*Request
 	stats  Stats
 	co     coast // the run of decode steps in flight, if any (coast.go)
+	// observer hears of every block published and evicted (SetObserver).
+	observer BlockObserver
+}
+
+// BlockObserver hears what an engine's prefix cache stores and evicts: what
+// vLLM publishes as KV events (BlockStored, BlockRemoved). Its methods run
+// inside the engine's calls and must not call back into the engine.
+type BlockObserver interface {
+	// Stored says that block i of r (r.BlockHashes[i], whose parent is
+	// r.BlockHashes[i-1], none for i == 0) is now findable in the cache.
+	Stored(r *Request, i int)
+	// Evicted says that the block published under hash has left the cache.
+	Evicted(hash uint64)
+}
+
+// SetObserver makes o hear of every block the cache stores and evicts from
+// now on; nil stops it. Blocks already cached are not reported.
+func (e *Engine) SetObserver(o BlockObserver) {
+	e.observer = o
+	e.kv.evicted = nil
+	if o != nil {
+		e.kv.evicted = o.Evicted
+	}
 }
 
 // Stats are an engine's counters. Token counts are in tokens.
@@ -102,6 +125,10 @@ func (e *Engine) Stats() Stats {
 	s.KVUsage = float64(s.UsedBlocks) / float64(s.TotalBlocks)
 	return s
 }
+
+// CachedBlocks returns how many blocks the prefix cache holds findable by
+// their hashes: stored and not yet evicted, held by a request or not.
+func (e *Engine) CachedBlocks() int { return e.kv.byHash.Len() }
 
 // Add queues r, arrived at now. It fails if r's lengths are invalid or it
 // could never fit in the model's context or the KV cache.
@@ -330,7 +357,9 @@ func (e *Engine) grow(r *Request, n, need int) {
 func (e *Engine) publish(r *Request, from, to int) {
 	end := min(to/e.p.BlockSize, len(r.BlockHashes))
 	for i := from / e.p.BlockSize; i < end; i++ {
-		e.kv.publish(r.blocks[i], r.BlockHashes[i])
+		if e.kv.publish(r.blocks[i], r.BlockHashes[i]) && e.observer != nil {
+			e.observer.Stored(r, i)
+		}
 	}
 }
 

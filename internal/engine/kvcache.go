@@ -16,6 +16,9 @@ type kvCache struct {
 	head, tail int32
 	free       int
 	byHash     hashtab.Table
+	// evicted, when set, hears the hash of every published block that
+	// allocate evicts (vLLM's BlockRemoved).
+	evicted func(hash uint64)
 }
 
 const none int32 = -1
@@ -108,6 +111,9 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 			c.byHash.DeleteIf(c.hash[b], b)
 			c.hashed[b] = false
 			evicted++
+			if c.evicted != nil {
+				c.evicted(c.hash[b])
+			}
 		}
 		c.ref[b] = 1
 		dst = append(dst, b)
@@ -116,11 +122,14 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 }
 
 // publish makes block b findable under h, unless another block already is
-// (two requests computed the same block at once): then b stays private.
-func (c *kvCache) publish(b int32, h uint64) {
+// (two requests computed the same block at once): then b stays private. It
+// reports whether b was published.
+func (c *kvCache) publish(b int32, h uint64) bool {
 	if c.byHash.Insert(h, b) {
 		c.hash[b], c.hashed[b] = h, true
+		return true
 	}
+	return false
 }
 
 // release drops one hold on each block. Blocks are released last first, so

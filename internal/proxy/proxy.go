@@ -483,6 +483,7 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep endpo
 		p.reject(w, e)
 		return
 	}
+	g.req.Body = body // for a policy that has the backend tokenize it
 	// One estimate of the prompt's tokens for the rate limit, admission,
 	// the policy and the load accounting.
 	p.router.Estimate(&g.req)

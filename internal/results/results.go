@@ -59,6 +59,10 @@ type Result struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CachedTokens     int `json:"cached_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
+	// PredictedCached is the prompt tokens the policy expected cached on
+	// the backend it chose (router.Decision.Cached; 0 for policies that
+	// do not predict).
+	PredictedCached int `json:"predicted_cached,omitempty"`
 	// PromptBlocks and SequenceBlocks are the block hashes recorded when
 	// bench.Client.BlockTokens is set (or by the simulator).
 	PromptBlocks, SequenceBlocks []uint64 `json:"-"`

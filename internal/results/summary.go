@@ -53,6 +53,34 @@ type Summary struct {
 	// Imbalance is the busiest backend's busy time over the mean (1 is
 	// perfectly even); 0 when unknown.
 	Imbalance float64 `json:"imbalance"`
+	// PredictionAccuracy is the share of successful requests whose
+	// predicted cached tokens were right to the block
+	// (PredictionAccuracy); 0 when not measured.
+	PredictionAccuracy float64 `json:"prediction_accuracy,omitempty"`
+}
+
+// PredictionAccuracy returns the share of the successful requests whose
+// PredictedCached falls in the same block of blockSize tokens as the
+// CachedTokens their backend reported: how often the policy knew, to the
+// block, what the chosen backend had cached.
+func PredictionAccuracy(rs []Result, blockSize int) float64 {
+	if blockSize <= 0 {
+		return 0
+	}
+	ok, right := 0, 0
+	for i := range rs {
+		if rs[i].Status != 200 {
+			continue
+		}
+		ok++
+		if rs[i].PredictedCached/blockSize == rs[i].CachedTokens/blockSize {
+			right++
+		}
+	}
+	if ok == 0 {
+		return 0
+	}
+	return float64(right) / float64(ok)
 }
 
 // Summarize aggregates results.
@@ -185,6 +213,9 @@ func WriteTable(w io.Writer, sums []Summary, bounds Bounds) error {
 	}
 	if bounds.Unlimited > 0 {
 		row(fmt.Sprintf("  of unlimited cache (%.1f %%)", 100*bounds.Unlimited), func(s Summary) string { return fmt.Sprintf("%.0f %%", 100*s.HitRate/bounds.Unlimited) })
+	}
+	if slices.ContainsFunc(sums, func(s Summary) bool { return s.PredictionAccuracy > 0 }) {
+		row("cached tokens predicted to the block", func(s Summary) string { return fmt.Sprintf("%.1f %%", 100*s.PredictionAccuracy) })
 	}
 	row("load imbalance (max/mean busy)", func(s Summary) string { return fmt.Sprintf("%.2f", s.Imbalance) })
 	return tw.Flush()

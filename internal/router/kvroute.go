@@ -119,6 +119,10 @@ type KVRouteConfig struct {
 	// Tokens estimates prompt lengths (the Router's, shared); nil means a
 	// fresh estimator.
 	Tokens *Tokens
+	// Events, when not nil, tells what backends hold from their engines'
+	// KV events: their counts replace the index's guess where they are
+	// exact (kvevents.go). Nil: the index alone, as without events.
+	Events KVEvents
 }
 
 func (c KVRouteConfig) withDefaults() KVRouteConfig {
@@ -244,6 +248,7 @@ type pickScratch struct {
 	peer    []peerPrefill // the prefill in loads the other replicas reported
 	drains  []drain
 	cand    []candidate
+	events  []KVState // by candidate, when Events is set
 }
 
 // blocksFor converts a KV capacity in tokens into index blocks.
@@ -263,6 +268,10 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	}
 	s.hashes = req.prefixHashes(s.hashes[:0], p.cfg.BlockBytes)
 	longest := p.index.Match(s.hashes, s.matched, s.recent)
+	if p.cfg.Events != nil {
+		s.events = slices.Grow(s.events[:0], len(cands))[:len(cands)]
+		p.cfg.Events.Match(req, cands, s.events)
+	}
 	ln := p.learner.snapshot()
 	ratio := p.cfg.Tokens.Ratio()
 	promptTokens := req.promptTokens(ratio)
@@ -363,9 +372,12 @@ func (p *KVRoute) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned
 		c := &cand[i]
 		c.sure = min(promptTokens, int(float64(s.matched[b.Index]*p.cfg.BlockBytes)/ratio))
 		c.maybe = max(c.sure, min(promptTokens, int(float64(s.recent[b.Index]*p.cfg.BlockBytes)/ratio)))
+		if p.cfg.Events != nil {
+			c.sure, c.maybe = eventCached(s.events[i], c.sure, c.maybe)
+		}
 		c.cached = expectedCached(c.sure, c.maybe, ln.odds)
 		c.slow = slowness(math.Float64frombits(slow[b.Index].Load()), ln.meanSlow)
-		c.miss = float64(promptTokens - c.cached)
+		c.miss = float64(max(0, promptTokens-c.cached))
 		if own := s.loads[i].PrefillTokens - s.peer[i].tokens; own > 0 {
 			c.queued = s.drains[i].left(nowS, c.slow*ln.speed.prefill(float64(own), 0))
 		}

@@ -38,6 +38,10 @@ type Request struct {
 	// produced that response, when it saw it and that backend is a
 	// candidate (Options.ResponsePins).
 	PreviousResponseID string
+	// Body is the request's JSON body as the client sent it (the proxy
+	// sets it): a KVEvents implementation has the backend tokenize its
+	// messages with the model's own chat template. Nil from other callers.
+	Body []byte
 
 	// The fields below are facts that a caller who has tokenized the
 	// prompt (the fleet simulator) may give, so that policies need not

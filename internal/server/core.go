@@ -4,8 +4,13 @@ import (
 	"context"
 	"log/slog"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/kvevents"
+	"github.com/kvroute/kvroute/internal/kvevents/follow"
+	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -27,6 +32,10 @@ type CoreConfig struct {
 	// options (Metrics is filled in from the fleet).
 	Policy string
 	Router router.Options
+	// KVEvents, when not nil, follows the backends' engine KV events and
+	// gives kvroute their exact cached blocks (internal/kvevents); its
+	// Metrics and Log are filled in.
+	KVEvents *follow.FollowConfig
 	// Logger receives the fleet's and discovery's logs; nil means
 	// slog.Default().
 	Logger *slog.Logger
@@ -39,6 +48,8 @@ type Core struct {
 	Router *router.Router
 
 	discovery *discovery.Discovery
+	events    *follow.Follower // nil without CoreConfig.KVEvents
+	metrics   *kvevents.Metrics
 	log       *slog.Logger
 }
 
@@ -61,6 +72,8 @@ func NewCore(ctx context.Context, cfg CoreConfig) (*Core, error) {
 	}
 	fl := fleet.New(cfg.Backends, cfg.Fleet)
 	cfg.Router.Metrics = fl.Metrics // for policies that read scraped load
+	c := &Core{Fleet: fl, discovery: cfg.Discovery, log: log}
+	c.newEvents(&cfg)
 	rt, err := router.New(cfg.Policy, cfg.Backends, cfg.Router)
 	if err != nil {
 		if cfg.Discovery != nil {
@@ -68,8 +81,42 @@ func NewCore(ctx context.Context, cfg CoreConfig) (*Core, error) {
 		}
 		return nil, err
 	}
-	fl.Watch(rt.SetBackends) // the policy grows before a new backend is a candidate
-	return &Core{Fleet: fl, Router: rt, discovery: cfg.Discovery, log: log}, nil
+	c.Router = rt
+	// The policy (and the events' follower) grows before a new backend is
+	// a candidate.
+	fl.Watch(func(bs []*fleet.Backend) {
+		rt.SetBackends(bs)
+		if c.events != nil {
+			c.events.SetBackends(bs)
+		}
+	})
+	return c, nil
+}
+
+// newEvents makes the follower of the backends' KV events that cfg asks
+// for, if any, and hands it to kvroute.
+func (c *Core) newEvents(cfg *CoreConfig) {
+	if cfg.KVEvents == nil {
+		return
+	}
+	kc := *cfg.KVEvents
+	if kc.Metrics == nil {
+		kc.Metrics = kvevents.NewMetrics()
+	}
+	if kc.Log == nil {
+		kc.Log = c.log
+	}
+	c.events, c.metrics = follow.NewFollower(kc), kc.Metrics
+	cfg.Router.KVRoute.Events = c.events
+}
+
+// ProxyFleet is the fleet as a proxy should see it: with the KV events'
+// metrics served beside the fleet's when there are events.
+func (c *Core) ProxyFleet() proxy.Fleet {
+	if c.events == nil {
+		return c.Fleet
+	}
+	return withCollector{c.Fleet, c.metrics}
 }
 
 // Discovered reports whether discovery keeps the fleet current.
@@ -80,6 +127,14 @@ func (c *Core) Discovered() bool { return c.discovery != nil }
 func (c *Core) Run(ctx context.Context, goRun func(func() error)) {
 	c.Fleet.Refresh(ctx)
 	goRun(func() error { return c.Fleet.Run(ctx) })
+	if c.events != nil {
+		goRun(func() error {
+			c.events.Start(ctx, c.Fleet.Backends())
+			<-ctx.Done()
+			c.events.Wait()
+			return nil
+		})
+	}
 	if d := c.discovery; d != nil {
 		goRun(func() error {
 			return d.Run(ctx, func(ctx context.Context, bs []*fleet.Backend) {
@@ -87,5 +142,30 @@ func (c *Core) Run(ctx context.Context, goRun func(func() error)) {
 				c.log.Info("fleet changed", "backends", len(c.Fleet.Backends()), "added", len(added), "removed", len(removed))
 			})
 		})
+	}
+}
+
+// withCollector is the fleet as the proxy sees it, its metrics served
+// with another component's.
+type withCollector struct {
+	*fleet.Fleet
+	extra prometheus.Collector
+}
+
+func (w withCollector) Collector() prometheus.Collector {
+	return collectors{w.Fleet.Collector(), w.extra}
+}
+
+type collectors []prometheus.Collector
+
+func (cs collectors) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range cs {
+		c.Describe(ch)
+	}
+}
+
+func (cs collectors) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range cs {
+		c.Collect(ch)
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/kvevents/follow"
 	"github.com/kvroute/kvroute/internal/peers"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
@@ -87,6 +88,10 @@ type Config struct {
 	Peers peers.Options
 	// Logger receives the components' logs; nil means slog.Default().
 	Logger *slog.Logger
+	// KVEvents, when not nil, follows the backends' engine KV events and
+	// gives kvroute their exact cached blocks (internal/kvevents); its
+	// Metrics and Log are filled in.
+	KVEvents *follow.FollowConfig
 }
 
 // Server is a running router.
@@ -115,12 +120,12 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	cfg = withDefaults(cfg)
 	log := cfg.Logger
 	core, err := NewCore(ctx, CoreConfig{Backends: cfg.Backends, Discovery: cfg.Discovery, Fleet: cfg.Fleet,
-		Policy: cfg.Policy, Router: cfg.Router, Logger: log})
+		Policy: cfg.Policy, Router: cfg.Router, KVEvents: cfg.KVEvents, Logger: log})
 	if err != nil {
 		return nil, err
 	}
 	fl, rt := core.Fleet, core.Router
-	cfg.Proxy.Fleet, cfg.Proxy.Router = fl, rt
+	cfg.Proxy.Fleet, cfg.Proxy.Router = core.ProxyFleet(), rt
 	if cfg.Proxy.Logger == nil {
 		cfg.Proxy.Logger = log
 	}

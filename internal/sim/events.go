@@ -25,6 +25,9 @@ const (
 	evSample
 	// evGossip shares the replicas' in-flight counts (Config.Gossip).
 	evGossip
+	// evKVEvents delivers server idx's KV events that have arrived to the
+	// routers (Config.KVEvents).
+	evKVEvents
 )
 
 // event is one thing to happen at a moment of virtual time. Events at the

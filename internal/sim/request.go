@@ -160,6 +160,9 @@ func (s *simulation) send(i int) {
 		f.replica = int32(s.split.IntN(len(s.replicas)))
 	}
 	rep := s.replicas[f.replica]
+	if s.kv != nil {
+		s.kv.routing(f.hashes, f.req.PromptLen)
+	}
 	t, err := rep.router.Route(&f.rreq, rep.backends)
 	if err != nil {
 		s.fail(f, 0, err)
@@ -239,6 +242,7 @@ func (s *simulation) finish(f *flight) {
 		Backend: f.t.Backend.Name, Route: f.t.Reason, Status: http.StatusOK,
 		Sent: f.sent, TTFT: ttft, E2E: e2e, ServerTTFT: r.FirstToken - r.Arrival,
 		PromptTokens: r.PromptLen, CachedTokens: r.CachedTokens, CompletionTokens: r.Output,
+		PredictedCached: f.t.Cached,
 	}
 	if r.Output > 1 {
 		res.ITL = (e2e - ttft) / time.Duration(r.Output-1)

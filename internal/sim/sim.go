@@ -85,6 +85,12 @@ type Config struct {
 	// (0: never; each scales its own counts by Routers). A replica's view
 	// of the others is as old as the last round.
 	Gossip time.Duration
+	// KVEvents makes every server publish its KV events (vLLM's
+	// BlockStored and BlockRemoved) and every replica's kvroute read them,
+	// KVEventDelay after the step that made them ends (default
+	// DefaultKVEventDelay; see kvevents.go).
+	KVEvents     bool
+	KVEventDelay time.Duration
 
 	stepwise bool // step every step (tests check that coasting changes nothing)
 }
@@ -109,6 +115,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Tile <= 0 {
 		c.Tile = 1
+	}
+	if c.KVEventDelay <= 0 {
+		c.KVEventDelay = DefaultKVEventDelay
 	}
 	if c.KeepRequests == 0 {
 		c.KeepRequests = 100_000
@@ -268,6 +277,7 @@ type simulation struct {
 	progress func()
 	origin   time.Time
 	tokBuf   []int32
+	kv       *kvFeed // the servers' KV events; nil without Config.KVEvents
 }
 
 // sessionRef is one session of the (tiled) workload.
@@ -295,6 +305,9 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		}
 		s.servers[i].eng = e
 	}
+	if cfg.KVEvents {
+		s.kv = newKVFeed(s)
+	}
 	for r := range cfg.Routers {
 		rep := &replica{
 			metrics: make([]fleet.Metrics, cfg.Backends),
@@ -315,6 +328,9 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		}
 		if cfg.Gossip > 0 {
 			opts.KVRoute.PeerMaxAge = 3 * cfg.Gossip
+		}
+		if s.kv != nil {
+			opts.KVRoute.Events = s.kv
 		}
 		// kvroute's prefix index need not be finer than the servers'
 		// blocks: a finer one only spends more work to say the same.
@@ -402,6 +418,8 @@ func (s *simulation) run(ctx context.Context) error {
 			if !s.done() {
 				s.q.push(s.now+s.cfg.Sample, evSample, 0)
 			}
+		case evKVEvents:
+			s.kv.deliver(int(ev.idx))
 		}
 	}
 	return nil
@@ -455,7 +473,13 @@ func (s *simulation) step(i int) {
 			return
 		}
 	}
+	if s.kv != nil {
+		s.kv.stepping = i
+	}
 	res := sv.eng.Step(s.now)
+	if s.kv != nil {
+		s.kv.stepped(i, max(res.End, s.now))
+	}
 	if res.End <= res.Start {
 		// Nothing could be scheduled (no work, or waiting for KV that only
 		// a departure frees): the next arrival wakes it.
@@ -551,6 +575,7 @@ func (s *simulation) sample() {
 func (s *simulation) report(policy string) *results.Run {
 	run := &results.Run{Policy: policy, Requests: s.results}
 	run.Summary = results.Summarize(policy, s.results)
+	run.Summary.PredictionAccuracy = results.PredictionAccuracy(s.results, s.cfg.Profile.BlockSize)
 	busy := make([]time.Duration, len(s.servers))
 	run.Backends = make([]results.BackendSeries, len(s.servers))
 	for i := range s.servers {
