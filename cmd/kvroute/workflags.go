@@ -1,8 +1,10 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/kvroute/kvroute/internal/engine"
@@ -60,4 +62,20 @@ func loadWorkload(spec string, opts workload.Options, prefix string) (workload.W
 	w, err := workload.Load(spec, opts)
 	name, _, _ := strings.Cut(spec, ":")
 	return w, filepath.Join("out", prefix+"-"+name), err
+}
+
+// objectiveFlag defines --objective, kvroute's objective.
+func objectiveFlag(fs *flag.FlagSet, dst *router.Objective) {
+	names := make([]string, 0, 3)
+	for _, o := range router.Objectives() {
+		names = append(names, string(o))
+	}
+	*dst = router.Objectives()[0]
+	fs.Func("objective", "kvroute: what it minimises: "+strings.Join(names, ", ")+" (default "+names[0]+"; goodput serves --goodput's joint objective)", func(v string) error {
+		if !slices.Contains(router.Objectives(), router.Objective(v)) {
+			return fmt.Errorf("unknown objective %q (have %s)", v, strings.Join(names, ", "))
+		}
+		*dst = router.Objective(v)
+		return nil
+	})
 }

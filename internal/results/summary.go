@@ -53,6 +53,9 @@ type Summary struct {
 	// Imbalance is the busiest backend's busy time over the mean (1 is
 	// perfectly even); 0 when unknown.
 	Imbalance float64 `json:"imbalance"`
+	// SLO is how the run did against the joint objective of the run
+	// (ApplySLO); nil without one.
+	SLO *SLOSummary `json:"slo,omitempty"`
 }
 
 // Summarize aggregates results.
@@ -187,5 +190,21 @@ func WriteTable(w io.Writer, sums []Summary, bounds Bounds) error {
 		row(fmt.Sprintf("  of unlimited cache (%.1f %%)", 100*bounds.Unlimited), func(s Summary) string { return fmt.Sprintf("%.0f %%", 100*s.HitRate/bounds.Unlimited) })
 	}
 	row("load imbalance (max/mean busy)", func(s Summary) string { return fmt.Sprintf("%.2f", s.Imbalance) })
+	if o := sums[0].SLO; o != nil {
+		slo := func(f func(*SLOSummary) string) func(Summary) string {
+			return func(s Summary) string {
+				if s.SLO == nil {
+					return "-"
+				}
+				return f(s.SLO)
+			}
+		}
+		pct := func(x float64) string { return fmt.Sprintf("%.1f %%", 100*x) }
+		row("goodput ("+o.SLO.String()+")", slo(func(g *SLOSummary) string { return pct(g.Goodput) }))
+		row("  requests/s meeting it", slo(func(g *SLOSummary) string { return fmt.Sprintf("%.2f", g.GoodputRate) }))
+		row("  over the TTFT bound", slo(func(g *SLOSummary) string { return pct(g.TTFTMissed) }))
+		row("  over the TPOT bound", slo(func(g *SLOSummary) string { return pct(g.TPOTMissed) }))
+		row("  failed", slo(func(g *SLOSummary) string { return pct(g.Rejected) }))
+	}
 	return tw.Flush()
 }

@@ -58,6 +58,8 @@ type KVRoute struct {
 	// learner owns what outcomes teach; Pick reads its latest snapshot
 	// without a lock (kvroute_learn.go).
 	learner learner
+	// outputs learns how long requests' streams are (kvroute_output.go).
+	outputs *outputs
 	// mu guards what every pick reads and changes: sessions, the queue
 	// model and the arrival rate.
 	mu       sync.Mutex
@@ -65,6 +67,9 @@ type KVRoute struct {
 	// queue is each backend's prefill work ahead of a new request, by
 	// backend index (see drain).
 	queue []drain
+	// shares is each backend's recent prefill, by backend index, which
+	// slows its streams (kvroute_decode.go).
+	shares []share
 	// epoch is when the policy was made: queue times are seconds since it,
 	// cheaper to subtract for a thousand backends than time.Time.
 	epoch time.Time
@@ -115,6 +120,11 @@ type KVRouteConfig struct {
 	// Tokens estimates prompt lengths (the Router's, shared); nil means a
 	// fresh estimator.
 	Tokens *Tokens
+	// Objective is what the policy minimises (default Objectives()[0]; see
+	// kvroute_decode.go). SLO is the joint objective ObjectiveGoodput
+	// serves.
+	Objective Objective
+	SLO       SLO
 }
 
 func (c KVRouteConfig) withDefaults() KVRouteConfig {
@@ -129,6 +139,9 @@ func (c KVRouteConfig) withDefaults() KVRouteConfig {
 	}
 	if c.Tokens == nil {
 		c.Tokens = NewTokens()
+	}
+	if c.Objective == "" {
+		c.Objective = Objectives()[0]
 	}
 	if c.DefaultKVTokens <= 0 {
 		c.DefaultKVTokens = 400_000
@@ -159,7 +172,9 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 		rand:     newRand(cfg.Seed),
 		sessions: make(map[string]int),
 		queue:    make([]drain, n),
+		shares:   make([]share, n),
 		epoch:    cfg.Now(),
+		outputs:  newOutputs(),
 	}
 	p.index = prefix.NewTiered(n, p.blocksFor(cfg.DefaultKVTokens), recentFactor*p.blocksFor(cfg.DefaultKVTokens))
 	p.learner.init(n)
@@ -187,9 +202,10 @@ func (p *KVRoute) SetBackends(backends []*fleet.Backend) {
 	p.mu.Lock()
 	if len(p.queue) < n {
 		p.queue = append(p.queue, make([]drain, n-len(p.queue))...)
+		p.shares = append(p.shares, make([]share, n-len(p.shares))...)
 	}
 	for _, i := range gone {
-		p.queue[i] = drain{}
+		p.queue[i], p.shares[i] = drain{}, share{}
 	}
 	p.mu.Unlock()
 	if int64(n) > p.width.Load() {
@@ -230,7 +246,11 @@ type pickScratch struct {
 	recent  []int // blocks matched in recent
 	loads   []fleet.Load
 	drains  []drain
+	shares  []float64 // prefill seconds a second sent lately, by candidate
 	cand    []candidate
+	stream  streamCost
+	tpot    []float64 // the stream's per-token time, by candidate (goodput)
+	pushed  []float64 // streams pushed over the objective, by candidate (goodput)
 }
 
 // blocksFor converts a KV capacity in tokens into index blocks.
@@ -269,9 +289,14 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	p.mu.Lock()
 	session, hasSession := p.sessions[req.SessionKey]
 	hasSession = hasSession && req.SessionKey != ""
+	streams := p.cfg.Objective != ObjectiveTTFT
+	s.shares = slices.Grow(s.shares[:0], len(cands))[:len(cands)]
 	for i, b := range cands {
 		if loads[i].PrefillTokens > 0 { // else nothing is queued there
 			s.drains[i] = p.queue[b.Index]
+		}
+		if streams {
+			s.shares[i] = p.shares[b.Index].now(nowS)
 		}
 	}
 	rate := p.arrivalRate(now)
@@ -279,7 +304,8 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 
 	cand, backlog := p.candidates(s, cands, ln, ratio, promptTokens, nowS)
 	penalty := missPenalty(p.cfg.MissPenalty, rate, len(cands), backlog)
-	best, floor, floorTTFT := p.cost(cand, cands, loads, ln, penalty, bound, float64(promptTokens+max(req.MaxTokens, defaultOutput)))
+	stream := p.stream(req, s, ln, promptTokens)
+	best, floor, floorTTFT := p.cost(cand, cands, loads, ln, penalty, bound, stream)
 	if math.IsInf(cand[best].cost, 1) {
 		// Every backend is over the bound (the slack above the mean makes
 		// this impossible, short of counts changing under Pick): fall back
@@ -305,7 +331,8 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		work = cb.slow * ln.speed.prefill(float64(promptTokens-cb.sure), float64(cb.sure))
 	}
 	pk := picked{policy: p, req: req, backend: chosen, sure: cb.sure, maybe: cb.maybe,
-		queued: loads[best].PrefillTokens, decoding: loads[best].Decoding}
+		queued: loads[best].PrefillTokens, decoding: loads[best].Decoding,
+		requests: loads[best].Requests, kv: loads[best].DecodeTokens, work: work}
 	d := Decision{
 		Backend:       chosen,
 		Cached:        cb.sure,
@@ -326,6 +353,8 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	p.index.Insert(chosen.Index, s.hashes)
 	p.mu.Lock()
 	p.queue[chosen.Index] = drain{work: cb.queued + work, at: nowS}
+	pk.routed = p.shares[chosen.Index].routed
+	p.shares[chosen.Index].add(nowS, work)
 	if req.SessionKey != "" {
 		if len(p.sessions) >= maxSessions {
 			clear(p.sessions)
@@ -364,7 +393,7 @@ func (p *KVRoute) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned
 // cost sets every candidate's predicted TTFT and cost, for a request that
 // needs need tokens of KV, and returns the cheapest and the floor and TTFT
 // floor of the tie window (see tieWindow).
-func (p *KVRoute) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.Load, ln *learned, penalty, bound, need float64) (best int, floor, floorTTFT float64) {
+func (p *KVRoute) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.Load, ln *learned, penalty, bound float64, st *streamCost) (best int, floor, floorTTFT float64) {
 	best, floor, floorTTFT = -1, math.Inf(1), math.Inf(1)
 	for i, b := range cands {
 		c := &cand[i]
@@ -373,13 +402,13 @@ func (p *KVRoute) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.L
 		if info := b.Info(); info != nil && info.KVTokens() > 0 {
 			kv = float64(info.KVTokens())
 		}
-		ttft += kvWait(float64(loads[i].DecodeTokens), need, kv, ln.hold)
+		ttft += kvWait(float64(loads[i].DecodeTokens), st.need, kv, ln.hold)
 		if p.cfg.Metrics != nil {
 			if m := p.cfg.Metrics(b); m != nil && m.Slots > 0 {
 				ttft += slotWait(loads[i].Requests, m.Slots, ln.life)
 			}
 		}
-		cost := ttft + penalty*c.own
+		cost := ttft + penalty*c.own + st.cost(i, c, loads[i])
 		if float64(loads[i].Requests+1) > bound {
 			cost = math.Inf(1) // over the load bound: only if all are
 		}
@@ -389,9 +418,10 @@ func (p *KVRoute) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.L
 		}
 		// The cost on an idle backend: what no choice can avoid, and the
 		// TTFT there, whose error makes near costs ties.
-		floor = min(floor, c.slow*ln.speed.overhead+(1+penalty)*c.own)
+		floor = min(floor, c.slow*ln.speed.overhead+(1+penalty)*c.own+st.idle)
 		floorTTFT = min(floorTTFT, c.slow*ln.speed.overhead+c.own)
 	}
+	best, floor = st.misses(cand, best, floor)
 	return best, floor, floorTTFT
 }
 

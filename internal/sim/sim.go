@@ -80,6 +80,13 @@ type Config struct {
 	// (router.KVRouteConfig.Replicas unset), to measure what awareness
 	// saves.
 	ReplicaUnaware bool
+	// SLO is the joint service-level objective whose goodput the report
+	// gives per policy, and which kvroute's goodput objective serves; zero
+	// means none.
+	SLO results.SLO
+	// Objective is kvroute's objective (router.KVRouteConfig.Objective);
+	// empty means its default. A policy named kvroute:OBJECTIVE overrides it.
+	Objective router.Objective
 
 	stepwise bool // step every step (tests check that coasting changes nothing)
 }
@@ -308,6 +315,8 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		if !cfg.ReplicaUnaware {
 			opts.KVRoute.Replicas = cfg.Routers
 		}
+		opts.KVRoute.SLO = router.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}
+		opts.KVRoute.Objective = cfg.Objective
 		// kvroute's prefix index need not be finer than the servers'
 		// blocks: a finer one only spends more work to say the same.
 		if b := cfg.Profile.BlockSize * router.TokenBytes; b > prefix.DefaultBlockBytes {
@@ -518,6 +527,7 @@ func (s *simulation) sample() {
 func (s *simulation) report(policy string) *results.Run {
 	run := &results.Run{Policy: policy, Requests: s.results}
 	run.Summary = results.Summarize(policy, s.results)
+	run.Summary.ApplySLO(s.results, s.cfg.SLO)
 	busy := make([]time.Duration, len(s.servers))
 	run.Backends = make([]results.BackendSeries, len(s.servers))
 	for i := range s.servers {
