@@ -17,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/server"
 )
@@ -101,6 +102,12 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.Float64Var(&cfg.policyOpts.KVRoute.LoadFactor, "load-factor", 2, "kvroute: no backend takes more than this × the mean in-flight requests (+4)")
 	fs.IntVar(&cfg.policyOpts.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
 	fs.IntVar(&cfg.policyOpts.KVRoute.Replicas, "replicas", 1, "kvroute: router replicas sharing these backends behind a random split (each scales its load counts and places sessions by consistent hashing)")
+	objectiveFlag(fs, &cfg.policyOpts.KVRoute.Objective)
+	fs.Func("goodput", "kvroute --objective goodput: the joint objective it serves, ttft=DURATION,tpot=DURATION (e.g. ttft=2s,tpot=50ms)", func(v string) error {
+		slo, err := results.ParseSLO(v)
+		cfg.policyOpts.KVRoute.SLO = router.SLO{TTFT: slo.TTFT, TPOT: slo.TPOT}
+		return err
+	})
 	fs.Uint64Var(&cfg.policyOpts.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug (one line per request with its decision), info, warn or error")
 	cfg.logFormat = logText

@@ -10,7 +10,7 @@ import (
 )
 
 func TestLoadSyntheticWorkloads(t *testing.T) {
-	for _, spec := range []string{"chat", "shared-prefix", "agentic", "mixed"} {
+	for _, spec := range []string{"chat", "shared-prefix", "agentic", "long-gen", "mixed"} {
 		t.Run(spec, func(t *testing.T) {
 			w, err := Load(spec, Options{Seed: 1, Duration: 30 * time.Second})
 			if err != nil {
