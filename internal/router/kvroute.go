@@ -31,8 +31,13 @@ var _ Policy = (*KVRoute)(nil)
 // cache's worth per mean request lifetime (also learned).
 //
 // To that it adds the uncached prefill once more, times MissPenalty: the
-// price the rest of the fleet pays for a recomputed prefix. It picks the
-// lowest cost; among near-ties (within 10 % or 5 ms) the session's backend,
+// price the rest of the fleet pays for a recomputed prefix. Under the
+// default objective (ObjectiveE2E) it adds the request's own stream there
+// and the delay it adds to the streams in flight there (kvroute_decode.go):
+//
+//	cost(b) = TTFT(b) + penalty × prefill(b) + tokens × per token(b) + others(b).
+//
+// It picks the lowest cost; among near-ties (within 10 % or 5 ms) the session's backend,
 // else the one expected to hold most of the prompt, else at random. A conversation or a hot prefix therefore stays where
 // its cache is until the queue there costs more than prefilling elsewhere;
 // then it spills to the next cheapest backend, and the index remembers both,
@@ -247,6 +252,7 @@ type pickScratch struct {
 	loads   []fleet.Load
 	drains  []drain
 	shares  []float64 // prefill seconds a second sent lately, by candidate
+	inverse []float64 // mean 1/tokens of the streams in flight, by candidate
 	cand    []candidate
 	stream  streamCost
 	tpot    []float64 // the stream's per-token time, by candidate (goodput)
@@ -291,12 +297,14 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	hasSession = hasSession && req.SessionKey != ""
 	streams := p.cfg.Objective != ObjectiveTTFT
 	s.shares = slices.Grow(s.shares[:0], len(cands))[:len(cands)]
+	s.inverse = slices.Grow(s.inverse[:0], len(cands))[:len(cands)]
 	for i, b := range cands {
 		if loads[i].PrefillTokens > 0 { // else nothing is queued there
 			s.drains[i] = p.queue[b.Index]
 		}
 		if streams {
 			s.shares[i] = p.shares[b.Index].now(nowS)
+			s.inverse[i] = p.shares[b.Index].meanInverse()
 		}
 	}
 	rate := p.arrivalRate(now)
@@ -355,6 +363,11 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	p.queue[chosen.Index] = drain{work: cb.queued + work, at: nowS}
 	pk.routed = p.shares[chosen.Index].routed
 	p.shares[chosen.Index].add(nowS, work)
+	if stream.on {
+		pk.inverse = 1 / max(1, stream.out)
+		p.shares[chosen.Index].inverse += pk.inverse
+		p.shares[chosen.Index].streams++
+	}
 	if req.SessionKey != "" {
 		if len(p.sessions) >= maxSessions {
 			clear(p.sessions)
@@ -422,7 +435,7 @@ func (p *KVRoute) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.L
 		floorTTFT = min(floorTTFT, c.slow*ln.speed.overhead+c.own)
 	}
 	best, floor = st.misses(cand, best, floor)
-	return best, floor, floorTTFT
+	return best, floor, floorTTFT + st.noise()
 }
 
 // breakTie returns, among the candidates whose cost is within the tie

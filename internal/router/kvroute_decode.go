@@ -28,10 +28,12 @@ import (
 // seconds the router sent b per second lately (decayed); and joining b
 // delays the requests in flight there by
 //
-//	others(b) = requests_b × (own prefill on b + step growth × min(n, mean output)),
+//	others(b) = stalled_b × (own prefill on b + step growth × min(n, mean output)),
 //
 // the own prefill stalling every stream it shares steps with, and the
-// request's KV making each of their steps longer while both decode.
+// request's KV making each of their steps longer while both decode;
+// stalled_b counts b's streams, short ones more (see stalled). The
+// request's expected tokens n come from outputs (kvroute_output.go).
 
 // decodeFit is a learned model of the time between tokens on a backend,
 //
@@ -147,6 +149,8 @@ func (d *decodeFit) read() {
 type share struct {
 	rate, at float64
 	routed   float64
+	inverse  float64 // Σ 1/expected tokens of the streams this router has in flight there
+	streams  float64 // how many those are
 }
 
 // add counts work seconds of prefill sent at now.
@@ -187,7 +191,7 @@ const (
 )
 
 // Objectives lists the objectives, the default first.
-func Objectives() []Objective { return []Objective{ObjectiveTTFT, ObjectiveE2E, ObjectiveGoodput} }
+func Objectives() []Objective { return []Objective{ObjectiveE2E, ObjectiveTTFT, ObjectiveGoodput} }
 
 // SLO is a joint service-level objective: a request meets it when its TTFT
 // is at most TTFT and its mean time per output token at most TPOT (zero: no
@@ -206,9 +210,11 @@ func (s SLO) Meets(ttft, tpot time.Duration) bool {
 // top of this file); its zero value (the TTFT objective) adds nothing.
 type streamCost struct {
 	on      bool
-	out     float64 // expected tokens of the stream
-	need    float64 // KV tokens the request will hold (prompt + a high quantile of its stream)
-	overlap float64 // tokens the streams it joins and its own decode together, at most
+	out     float64   // expected tokens of the stream
+	need    float64   // KV tokens the request will hold (prompt + a high quantile of its stream)
+	overlap float64   // tokens the streams it joins and its own decode together, at most
+	typical float64   // the mean stream of the model, tokens
+	inverse []float64 // each candidate's mean 1/tokens of the streams in flight there (0: none)
 	fit     *decodeFit
 	shares  []float64 // each candidate's recent prefill share
 	idle    float64   // its own stream on an idle backend: what no choice avoids
@@ -236,7 +242,35 @@ func (s *streamCost) cost(i int, c *candidate, l fleet.Load) float64 {
 			s.pushed[i] = n
 		}
 	}
-	return s.out*per + othersDelay(n, c.own, grow, s.overlap)
+	return s.out*per + othersDelay(stalled(n, s.typical, s.inverse[i]), c.own, grow, s.overlap)
+}
+
+// meanInverse is the mean 1/tokens of a backend's streams, 0 for none.
+func (s *share) meanInverse() float64 {
+	if s.streams < 1 {
+		return 0
+	}
+	return s.inverse / s.streams
+}
+
+// stalled is how many streams a prefill on a backend stalls, in units of a
+// typical stream: the streams in flight there (n), each losing the prefill's
+// seconds of its end-to-end time, averaged with the same streams weighed by
+// how much each one's time per token grows (the prefill's seconds over its
+// tokens; inverse is the mean 1/tokens of the streams there, 0 when the
+// router has none of its own there) against a typical stream's (typical
+// tokens). Counted in seconds alone, a stall costs a short stream what it
+// costs a long one, and kvroute made prefill-only backends of those whose
+// streams were short: their time per token went from 20 ms to 120 ms (the
+// Azure conversation trace at 25× its rate, ITL p99 103 ms against 27 ms
+// for the TTFT objective); counted per token alone, it sent prefill onto
+// long streams and lost the long-generation workload's cache (hit rate
+// 93 → 85 %). The mean keeps both (docs/BENCHMARKS.md, Streams).
+func stalled(n, typical, inverse float64) float64 {
+	if inverse == 0 {
+		return n
+	}
+	return n * (1 + typical*inverse) / 2
 }
 
 // sloMiss is what a request missing the goodput objective costs, in
@@ -301,35 +335,44 @@ func (p *KVRoute) stream(req *Request, s *pickScratch, ln *learned, promptTokens
 	st.out = est.mean
 	st.need = float64(promptTokens) + est.high
 	st.overlap = min(est.mean, est.typical)
+	st.typical = est.typical
+	st.inverse = s.inverse
 	st.idle = st.out * st.fit.perToken(st.need, 1, 0)
 	return st
 }
 
-// stallSince returns the prefill seconds routed to k's backend after k:
-// the prefill that shared its stream's steps (FCFS: what came later was
-// computed after its own prompt, while it decoded, unless still queued at
-// its end).
-func (k *picked) stallSince() float64 {
+// release takes k's stream out of its backend's streams and returns the
+// prefill seconds routed there after k: the prefill that shared its
+// stream's steps (FCFS: what came later was computed after its own prompt,
+// while it decoded, unless still queued at its end). Done calls it once,
+// whatever the outcome.
+func (k *picked) release() float64 {
 	p := k.policy
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return max(0, p.shares[k.backend.Index].routed-k.routed-k.work)
+	sh := &p.shares[k.backend.Index]
+	if k.inverse > 0 {
+		sh.inverse = max(0, sh.inverse-k.inverse)
+		sh.streams = max(0, sh.streams-1)
+		k.inverse = 0
+	}
+	return max(0, sh.routed-k.routed-k.work)
 }
 
 // learnDecode teaches the decode fit one stream: its mean time per token,
-// the KV and requests it decoded among (the mean of the router's counts
-// when it was routed and when it ended, with its own) and the prefill that
-// shared its steps, at most its whole decode. Call with l.mu held.
+// the KV and requests it decoded among (the router's counts when it was
+// routed, with its own: at its end the counts depend on when the driver
+// last heard of the other streams' first tokens, which the simulator, for
+// one, settles lazily) and the prefill that shared its steps, at most its
+// whole decode. Call with l.mu held.
 func (k *picked) learnDecode(l *learner, o Outcome, stall float64) {
 	tokens := max(o.CompletionTokens, o.Tokens)
 	decode := (o.Latency - o.TTFT).Seconds()
 	if tokens < 2 || o.TTFT <= 0 || decode <= 0 {
 		return
 	}
-	now := k.policy.load(k.backend)
-	own := float64(o.PromptTokens) + float64(tokens)/2
-	kv := float64(k.kv+now.DecodeTokens)/2 + own
-	requests := float64(k.requests+now.Requests)/2 + 1
+	kv := float64(k.kv) + float64(o.PromptTokens) + float64(tokens)/2
+	requests := float64(k.requests) + 1
 	steps := float64(tokens - 1)
 	l.decode.observe(kv, requests, min(stall, decode)/steps, decode/steps)
 }
@@ -348,3 +391,23 @@ func withObjective(name string, opts *Options) (string, error) {
 	opts.KVRoute.Objective = Objective(obj)
 	return base, nil
 }
+
+// noise is the error of the stream's price, in the tie window's units of
+// a prediction's seconds (tieWindow's speedNoise of them count): an
+// expected output length is a mean over a wide distribution, and the
+// batch a stream joins changes while it decodes, so the stream's price is
+// a far rougher prediction than a prefill's. Without it, differences in
+// the decode batch smaller than that error moved requests off the
+// backends holding their prefix.
+func (s *streamCost) noise() float64 {
+	if !s.on {
+		return 0
+	}
+	return streamNoise / speedNoise * s.idle
+}
+
+// streamNoise is the relative error of a stream's predicted duration.
+// Measured on Mooncake (8 backends, 2× the trace's rate, seeds 1–3):
+// 0.2 kept 11.3 % of prompt tokens cached against 10.8 % without, and
+// lowered the TTFT p99 from 6.6 to 6.1 s.
+const streamNoise = 0.2

@@ -91,7 +91,7 @@ func TestSLOMisses(t *testing.T) {
 	d := newDecodeFit()
 	slo := SLO{TTFT: time.Second, TPOT: 20 * time.Millisecond}
 	st := streamCost{on: true, out: 100, need: 1000, overlap: 100, fit: &d, slo: &slo,
-		shares: []float64{0.8, 0}, tpot: make([]float64, 2), pushed: make([]float64, 2)}
+		shares: []float64{0.8, 0}, inverse: make([]float64, 2), tpot: make([]float64, 2), pushed: make([]float64, 2)}
 	cand := []candidate{{own: 0.1, ttft: 0.2}, {own: 0.1, ttft: 0.5}}
 	loads := []fleet.Load{{}, {Requests: 2, DecodeTokens: 10_000}}
 	for i := range cand {
@@ -132,6 +132,24 @@ func TestWithObjective(t *testing.T) {
 		got, err := withObjective(tt.name, &opts)
 		if (err != nil) != tt.wantErr || !tt.wantErr && (got != tt.want || opts.KVRoute.Objective != tt.obj) {
 			t.Errorf("%s: %q, %q, %v; want %q, %q, error %v", tt.name, got, opts.KVRoute.Objective, err, tt.want, tt.obj, tt.wantErr)
+		}
+	}
+}
+
+func TestStalled(t *testing.T) {
+	for _, tt := range []struct {
+		name                string
+		n, typical, inverse float64
+		want                float64
+	}{
+		{"no streams", 0, 300, 0, 0},
+		{"none of its own there: streams as they are", 3, 300, 0, 3},
+		{"typical streams count one each", 4, 300, 1.0 / 300, 4},
+		{"short streams count more", 2, 300, 1.0 / 30, 11},   // 2 × (1 + 10) / 2
+		{"long streams count less", 2, 300, 1.0 / 3000, 1.1}, // 2 × (1 + 0.1) / 2
+	} {
+		if got := stalled(tt.n, tt.typical, tt.inverse); math.Abs(got-tt.want) > 1e-9 {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
 		}
 	}
 }

@@ -159,6 +159,7 @@ type picked struct {
 	kv          int64   // context tokens they held (the router's count)
 	work        float64 // seconds of prefill it was expected to cost there
 	routed      float64 // the backend's prefill seconds ever routed, before it
+	inverse     float64 // 1/its expected tokens, counted in the backend's until done
 }
 
 // done is the Decision's Done: it learns each backend's TTFT model, the
@@ -167,6 +168,7 @@ type picked struct {
 // what a failed request was expected to leave in a backend's cache.
 func (k *picked) done(o Outcome) {
 	p, b := k.policy, k.backend
+	stall := k.release()
 	if o.Status == 0 || o.Status >= 500 {
 		// The backend never computed the prompt: take back what Pick told
 		// the index it would hold beyond what it held already.
@@ -185,7 +187,6 @@ func (k *picked) done(o Outcome) {
 		return
 	}
 	p.outputs.observe(k.req, o.CompletionTokens)
-	stall := k.stallSince()
 	l := &p.learner
 	l.mu.Lock()
 	defer l.mu.Unlock()
