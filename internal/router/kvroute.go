@@ -125,7 +125,7 @@ type KVRouteConfig struct {
 	// Tokens estimates prompt lengths (the Router's, shared); nil means a
 	// fresh estimator.
 	Tokens *Tokens
-	// Objective is what the policy minimises (default Objectives()[0]; see
+	// Objective is what the policy minimises (default ObjectiveE2E; see
 	// kvroute_decode.go). SLO is the joint objective ObjectiveGoodput
 	// serves.
 	Objective Objective
