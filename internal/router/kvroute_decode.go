@@ -200,12 +200,6 @@ type SLO struct {
 	TTFT, TPOT time.Duration
 }
 
-// Meets reports whether a request with the given TTFT and mean time per
-// output token meets the objective.
-func (s SLO) Meets(ttft, tpot time.Duration) bool {
-	return (s.TTFT <= 0 || ttft <= s.TTFT) && (s.TPOT <= 0 || tpot <= s.TPOT)
-}
-
 // streamCost prices the stream of one request on every candidate (see the
 // top of this file); its zero value (the TTFT objective) adds nothing.
 type streamCost struct {
