@@ -52,7 +52,16 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 	fs.Uint64Var(&opts.Seed, "seed", 1, "seed of the workload, the replies and the policies")
 	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile of the backends: "+strings.Join(engine.ProfileNames(), ", "))
 	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV blocks per backend (default: the profile's)")
-	fs.DurationVar(&bf.cfg.Goodput, "goodput", 0, "also search each policy's highest rate with p99 TTFT under this SLO (e.g. 2s); runs the workload several times")
+	fs.Func("goodput", "ttft=DURATION,tpot=DURATION: report per policy the requests meeting this joint objective (kvroute:goodput serves it); a bare DURATION (e.g. 2s) instead searches each policy's highest rate with p99 TTFT under it, running the workload several times", func(v string) error {
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			bf.cfg.Goodput = d
+			return nil
+		}
+		slo, err := results.ParseSLO(v)
+		bf.cfg.SLO = slo
+		return err
+	})
+	objectiveFlag(fs, &bf.cfg.Objective)
 	fs.StringVar(&faults, "faults", "", "fault schedule played against the emulated backends in every run, the same for each policy: a built-in ("+strings.Join(bench.FaultNames(), ", ")+") or a YAML/JSON file of {at, until, backend, fault} windows (docs/BENCHMARKS.md, Faults)")
 	fs.StringVar(&bf.out, "out", "", "directory for results.json and report.html (default out/bench-WORKLOAD)")
 	fs.Usage = func() {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -32,6 +33,12 @@ func (c coreFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&c.router.KVRoute.LoadFactor, "load-factor", 2, "kvroute: no backend takes more than this × the mean in-flight requests (+4)")
 	fs.IntVar(&c.router.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
 	fs.Uint64Var(&c.router.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
+	objectiveFlag(fs, &c.router.KVRoute.Objective)
+	fs.Func("goodput", "kvroute --objective goodput: the joint objective it serves, ttft=DURATION,tpot=DURATION (e.g. ttft=2s,tpot=50ms)", func(v string) error {
+		slo, err := results.ParseSLO(v)
+		c.router.KVRoute.SLO = router.SLO{TTFT: slo.TTFT, TPOT: slo.TPOT}
+		return err
+	})
 	fs.IntVar(&c.router.ResponsePins, "response-pins", router.DefaultResponsePins,
 		"Responses API response ids whose backend is remembered, so that a request with previous_response_id goes back to it (0: none)")
 }

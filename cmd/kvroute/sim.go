@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/workload"
@@ -58,6 +59,11 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.BoolVar(&sf.cfg.ReplicaUnaware, "replica-unaware", false, "do not tell kvroute how many replicas share the fleet (to measure what that saves)")
 	fs.BoolVar(&sf.cfg.KVEvents, "kv-events", false, "servers publish their KV events (vLLM's BlockStored, BlockRemoved) and kvroute reads them: exact cached blocks instead of the index's guess")
 	fs.DurationVar(&sf.cfg.KVEventDelay, "kv-event-delay", sim.DefaultKVEventDelay, "with --kv-events: how long after the step that made them the routers see a server's events")
+	objectiveFlag(fs, &sf.cfg.Objective)
+	fs.Func("goodput", "joint objective reported per policy, ttft=DURATION,tpot=DURATION (e.g. ttft=2s,tpot=50ms): the requests meeting both (p99 targets); kvroute:goodput serves it", func(v string) (err error) {
+		sf.cfg.SLO, err = results.ParseSLO(v)
+		return err
+	})
 	fs.BoolVar(&sf.cfg.Text, "text", false, "traces: render prompts as text and tokenize them, as the live bench does (slower)")
 	fs.IntVar(&sf.cfg.KeepRequests, "keep-requests", 100_000, "per-request results kept in results.json (an even sample beyond; -1: all)")
 	fs.DurationVar(&sf.find.SLO, "slo-ttft-p99", 0, "p99 TTFT objective for --find-backends (e.g. 2s)")

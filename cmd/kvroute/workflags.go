@@ -2,10 +2,12 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/kvroute/kvroute/internal/engine"
@@ -92,4 +94,20 @@ func dataFile(path string) (string, error) {
 		return shareddata.Path(name)
 	}
 	return "", fmt.Errorf("%s does not exist; `%s` downloads the public data sets (docs/data.md)", path, shareddata.FetchStep)
+}
+
+// objectiveFlag defines --objective, kvroute's objective.
+func objectiveFlag(fs *flag.FlagSet, dst *router.Objective) {
+	names := make([]string, 0, 3)
+	for _, o := range router.Objectives() {
+		names = append(names, string(o))
+	}
+	*dst = router.Objectives()[0]
+	fs.Func("objective", "kvroute: what it minimises: "+strings.Join(names, ", ")+"; goodput serves --goodput's joint objective (default "+names[0]+")", func(v string) error {
+		if !slices.Contains(router.Objectives(), router.Objective(v)) {
+			return fmt.Errorf("unknown objective %q (have %s)", v, strings.Join(names, ", "))
+		}
+		*dst = router.Objective(v)
+		return nil
+	})
 }

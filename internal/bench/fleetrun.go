@@ -42,6 +42,8 @@ type FleetConfig struct {
 	Policy string
 	// Seed seeds the policy and the emulators.
 	Seed uint64
+	// KVRoute tunes the kvroute policy (its objective).
+	KVRoute router.KVRouteConfig
 	// Logger receives the components' logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -129,7 +131,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	}
 	// The router as `kvroute serve` runs it, on a loopback port of its own.
 	rs, err := server.Start(ctx, server.Config{Backends: backends, Fleet: opts, Policy: cfg.Policy,
-		Router: router.Options{Seed: cfg.Seed}, Proxy: proxy.Config{Logger: logger, Resilience: scaledTimeouts(cfg)},
+		Router: router.Options{Seed: cfg.Seed, KVRoute: cfg.KVRoute}, Proxy: proxy.Config{Logger: logger, Resilience: scaledTimeouts(cfg)},
 		Listen: "127.0.0.1:0", DrainDelay: -1, Logger: logger})
 	if err != nil {
 		return fail(err)

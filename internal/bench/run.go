@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/progress"
 	"github.com/kvroute/kvroute/internal/results"
+	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -43,6 +44,12 @@ type Config struct {
 	// Goodput, when positive, searches each policy's highest arrival rate
 	// whose p99 TTFT stays under it.
 	Goodput time.Duration
+	// SLO is the joint objective whose goodput the report gives per
+	// policy, and which kvroute's goodput objective serves; zero: none.
+	SLO results.SLO
+	// Objective is kvroute's objective (empty: its default); a policy
+	// named kvroute:OBJECTIVE overrides it.
+	Objective router.Objective
 	// Sample is the interval of the per-backend load samples, in model
 	// time (default 1 s).
 	Sample time.Duration
@@ -131,6 +138,7 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 		BackendURLs: cfg.BackendURLs,
 		Backends:    cfg.Backends, Profile: cfg.Profile, TimeScale: cfg.TimeScale,
 		Policy: policy, Seed: cfg.Seed, Logger: cfg.Logger,
+		KVRoute: router.KVRouteConfig{Objective: cfg.Objective, SLO: router.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}},
 	})
 	if err != nil {
 		return nil, err
@@ -172,6 +180,7 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 	series := sampler.stop()
 	run := &results.Run{Policy: policy, Requests: reqs, Backends: series}
 	run.Summary = results.Summarize(policy, reqs)
+	run.Summary.ApplySLO(reqs, cfg.SLO)
 	busy := make([]time.Duration, len(series))
 	for i, s := range series {
 		busy[i] = s.Busy

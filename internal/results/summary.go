@@ -57,6 +57,9 @@ type Summary struct {
 	// predicted cached tokens were right to the block
 	// (PredictionAccuracy); 0 when not measured.
 	PredictionAccuracy float64 `json:"prediction_accuracy,omitempty"`
+	// SLO is how the run did against the joint objective of the run
+	// (ApplySLO); nil without one.
+	SLO *SLOSummary `json:"slo,omitempty"`
 }
 
 // PredictionAccuracy returns the share of the successful requests whose
@@ -218,5 +221,21 @@ func WriteTable(w io.Writer, sums []Summary, bounds Bounds) error {
 		row("cached tokens predicted to the block", func(s Summary) string { return fmt.Sprintf("%.1f %%", 100*s.PredictionAccuracy) })
 	}
 	row("load imbalance (max/mean busy)", func(s Summary) string { return fmt.Sprintf("%.2f", s.Imbalance) })
+	if o := sums[0].SLO; o != nil {
+		slo := func(f func(*SLOSummary) string) func(Summary) string {
+			return func(s Summary) string {
+				if s.SLO == nil {
+					return "-"
+				}
+				return f(s.SLO)
+			}
+		}
+		pct := func(x float64) string { return fmt.Sprintf("%.1f %%", 100*x) }
+		row("goodput ("+o.SLO.String()+")", slo(func(g *SLOSummary) string { return pct(g.Goodput) }))
+		row("  requests/s meeting it", slo(func(g *SLOSummary) string { return fmt.Sprintf("%.2f", g.GoodputRate) }))
+		row("  over the TTFT bound", slo(func(g *SLOSummary) string { return pct(g.TTFTMissed) }))
+		row("  over the TPOT bound", slo(func(g *SLOSummary) string { return pct(g.TPOTMissed) }))
+		row("  failed", slo(func(g *SLOSummary) string { return pct(g.Rejected) }))
+	}
 	return tw.Flush()
 }

@@ -9,10 +9,11 @@ var sinkDecision Decision
 
 // BenchmarkPick measures one routing decision, prompt hashing included, for
 // a 32k-token prompt (128 KiB of text) whose first half is cached on one
-// backend, over fleets of 16 and 1,000 backends.
+// backend, over fleets of 16 and 1,000 backends (kvroute:ttft: kvroute
+// without pricing the stream).
 func BenchmarkPick(b *testing.B) {
 	for _, n := range []int{16, 1000} {
-		for _, policy := range Names() {
+		for _, policy := range append(Names(), "kvroute:ttft") {
 			b.Run(fmt.Sprintf("%s/backends=%d", policy, n), func(b *testing.B) {
 				bs := backends(n)
 				p, err := New(policy, bs, Options{Seed: 1})

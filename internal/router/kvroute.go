@@ -31,8 +31,13 @@ var _ Policy = (*KVRoute)(nil)
 // cache's worth per mean request lifetime (also learned).
 //
 // To that it adds the uncached prefill once more, times MissPenalty: the
-// price the rest of the fleet pays for a recomputed prefix. It picks the
-// lowest cost; among near-ties (within 10 % or 5 ms) the session's backend,
+// price the rest of the fleet pays for a recomputed prefix. Under the
+// default objective (ObjectiveE2E) it adds the request's own stream there
+// and the delay it adds to the streams in flight there (kvroute_decode.go):
+//
+//	cost(b) = TTFT(b) + penalty × prefill(b) + tokens × per token(b) + others(b).
+//
+// It picks the lowest cost; among near-ties (within 10 % or 5 ms) the session's backend,
 // else the one expected to hold most of the prompt, else at random. A conversation or a hot prefix therefore stays where
 // its cache is until the queue there costs more than prefilling elsewhere;
 // then it spills to the next cheapest backend, and the index remembers both,
@@ -58,6 +63,8 @@ type KVRoute struct {
 	// learner owns what outcomes teach; Pick reads its latest snapshot
 	// without a lock (kvroute_learn.go).
 	learner learner
+	// outputs learns how long requests' streams are (kvroute_output.go).
+	outputs *outputs
 	// mu guards what every pick reads and changes: sessions, the queue
 	// model and the arrival rate.
 	mu       sync.Mutex
@@ -65,6 +72,9 @@ type KVRoute struct {
 	// queue is each backend's prefill work ahead of a new request, by
 	// backend index (see drain).
 	queue []drain
+	// shares is each backend's recent prefill, by backend index, which
+	// slows its streams (kvroute_decode.go).
+	shares []share
 	// epoch is when the policy was made: queue times are seconds since it,
 	// cheaper to subtract for a thousand backends than time.Time.
 	epoch time.Time
@@ -123,6 +133,11 @@ type KVRouteConfig struct {
 	// KV events: their counts replace the index's guess where they are
 	// exact (kvevents.go). Nil: the index alone, as without events.
 	Events KVEvents
+	// Objective is what the policy minimises (default ObjectiveE2E; see
+	// kvroute_decode.go). SLO is the joint objective ObjectiveGoodput
+	// serves.
+	Objective Objective
+	SLO       SLO
 }
 
 func (c KVRouteConfig) withDefaults() KVRouteConfig {
@@ -140,6 +155,9 @@ func (c KVRouteConfig) withDefaults() KVRouteConfig {
 	}
 	if c.PeerMaxAge <= 0 {
 		c.PeerMaxAge = DefaultPeerMaxAge
+	}
+	if c.Objective == "" {
+		c.Objective = Objectives()[0]
 	}
 	if c.DefaultKVTokens <= 0 {
 		c.DefaultKVTokens = 400_000
@@ -175,7 +193,9 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 		rand:     newRand(cfg.Seed),
 		sessions: make(map[string]int),
 		queue:    make([]drain, n),
+		shares:   make([]share, n),
 		epoch:    cfg.Now(),
+		outputs:  newOutputs(),
 	}
 	p.index = prefix.NewTiered(n, p.blocksFor(cfg.DefaultKVTokens), recentFactor*p.blocksFor(cfg.DefaultKVTokens))
 	p.learner.init(n)
@@ -203,9 +223,10 @@ func (p *KVRoute) SetBackends(backends []*fleet.Backend) {
 	p.mu.Lock()
 	if len(p.queue) < n {
 		p.queue = append(p.queue, make([]drain, n-len(p.queue))...)
+		p.shares = append(p.shares, make([]share, n-len(p.shares))...)
 	}
 	for _, i := range gone {
-		p.queue[i] = drain{}
+		p.queue[i], p.shares[i] = drain{}, share{}
 	}
 	p.mu.Unlock()
 	if int64(n) > p.width.Load() {
@@ -247,8 +268,13 @@ type pickScratch struct {
 	loads   []fleet.Load
 	peer    []peerPrefill // the prefill in loads the other replicas reported
 	drains  []drain
+	shares  []float64 // prefill seconds a second sent lately, by candidate
+	inverse []float64 // mean 1/tokens of the streams in flight, by candidate
 	cand    []candidate
 	events  []KVState // by candidate, when Events is set
+	stream  streamCost
+	tpot    []float64 // the stream's per-token time, by candidate (goodput)
+	pushed  []float64 // streams pushed over the objective, by candidate (goodput)
 }
 
 // blocksFor converts a KV capacity in tokens into index blocks.
@@ -292,9 +318,16 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	p.mu.Lock()
 	session, hasSession := p.sessions[req.SessionKey]
 	hasSession = hasSession && req.SessionKey != ""
+	streams := p.cfg.Objective != ObjectiveTTFT
+	s.shares = slices.Grow(s.shares[:0], len(cands))[:len(cands)]
+	s.inverse = slices.Grow(s.inverse[:0], len(cands))[:len(cands)]
 	for i, b := range cands {
 		if loads[i].PrefillTokens > 0 { // else nothing is queued there
 			s.drains[i] = p.queue[b.Index]
+		}
+		if streams {
+			s.shares[i] = p.shares[b.Index].now(nowS)
+			s.inverse[i] = p.shares[b.Index].meanInverse()
 		}
 	}
 	rate := p.arrivalRate(now)
@@ -302,7 +335,8 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 
 	cand, backlog := p.candidates(s, cands, ln, ratio, promptTokens, nowS)
 	penalty := missPenalty(p.cfg.MissPenalty, rate, len(cands), backlog)
-	best, floor, floorTTFT := p.cost(cand, cands, loads, ln, penalty, bound, float64(promptTokens+max(req.MaxTokens, defaultOutput)))
+	stream := p.stream(req, s, ln, promptTokens)
+	best, floor, floorTTFT := p.cost(cand, cands, loads, ln, penalty, bound, stream)
 	if math.IsInf(cand[best].cost, 1) {
 		// Every backend is over the bound (the slack above the mean makes
 		// this impossible, short of counts changing under Pick): fall back
@@ -328,7 +362,8 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		work = cb.slow * ln.speed.prefill(float64(promptTokens-cb.sure), float64(cb.sure))
 	}
 	pk := picked{policy: p, req: req, backend: chosen, sure: cb.sure, maybe: cb.maybe,
-		queued: loads[best].PrefillTokens, decoding: loads[best].Decoding}
+		queued: loads[best].PrefillTokens, decoding: loads[best].Decoding,
+		requests: loads[best].Requests, kv: loads[best].DecodeTokens, work: work}
 	d := Decision{
 		Backend:       chosen,
 		Cached:        cb.sure,
@@ -349,6 +384,13 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	p.index.Insert(chosen.Index, s.hashes)
 	p.mu.Lock()
 	p.queue[chosen.Index] = drain{work: cb.queued + work, at: nowS}
+	pk.routed = p.shares[chosen.Index].routed
+	p.shares[chosen.Index].add(nowS, work)
+	if stream.on {
+		pk.inverse = 1 / max(1, stream.out)
+		p.shares[chosen.Index].inverse += pk.inverse
+		p.shares[chosen.Index].streams++
+	}
 	if req.SessionKey != "" {
 		if len(p.sessions) >= maxSessions {
 			clear(p.sessions)
@@ -391,7 +433,7 @@ func (p *KVRoute) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned
 // cost sets every candidate's predicted TTFT and cost, for a request that
 // needs need tokens of KV, and returns the cheapest and the floor and TTFT
 // floor of the tie window (see tieWindow).
-func (p *KVRoute) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.Load, ln *learned, penalty, bound, need float64) (best int, floor, floorTTFT float64) {
+func (p *KVRoute) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.Load, ln *learned, penalty, bound float64, st *streamCost) (best int, floor, floorTTFT float64) {
 	best, floor, floorTTFT = -1, math.Inf(1), math.Inf(1)
 	for i, b := range cands {
 		c := &cand[i]
@@ -400,13 +442,13 @@ func (p *KVRoute) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.L
 		if info := b.Info(); info != nil && info.KVTokens() > 0 {
 			kv = float64(info.KVTokens())
 		}
-		ttft += kvWait(float64(loads[i].DecodeTokens), need, kv, ln.hold)
+		ttft += kvWait(float64(loads[i].DecodeTokens), st.need, kv, ln.hold)
 		if p.cfg.Metrics != nil {
 			if m := p.cfg.Metrics(b); m != nil && m.Slots > 0 {
 				ttft += slotWait(loads[i].Requests, m.Slots, ln.life)
 			}
 		}
-		cost := ttft + penalty*c.own
+		cost := ttft + penalty*c.own + st.cost(i, c, loads[i])
 		if float64(loads[i].Requests+1) > bound {
 			cost = math.Inf(1) // over the load bound: only if all are
 		}
@@ -416,10 +458,11 @@ func (p *KVRoute) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.L
 		}
 		// The cost on an idle backend: what no choice can avoid, and the
 		// TTFT there, whose error makes near costs ties.
-		floor = min(floor, c.slow*ln.speed.overhead+(1+penalty)*c.own)
+		floor = min(floor, c.slow*ln.speed.overhead+(1+penalty)*c.own+st.idle)
 		floorTTFT = min(floorTTFT, c.slow*ln.speed.overhead+c.own)
 	}
-	return best, floor, floorTTFT
+	best, floor = st.misses(cand, best, floor)
+	return best, floor, floorTTFT + st.noise()
 }
 
 // breakTie returns, among the candidates whose cost is within the tie

@@ -12,11 +12,12 @@ import (
 // snapshot: the learner publishes a new one after every outcome and Pick
 // reads the latest without a lock.
 type learned struct {
-	speed    speed   // the TTFT model fitted over the whole fleet
-	meanSlow float64 // the mean over backends of observed/predicted TTFT
-	hold     float64 // mean seconds a token of KV is held
-	life     float64 // mean seconds a request is in flight
-	odds     float64 // that a token only recent remembers is still cached
+	speed    speed     // the TTFT model fitted over the whole fleet
+	decode   decodeFit // the time between tokens, fitted over the whole fleet
+	meanSlow float64   // the mean over backends of observed/predicted TTFT
+	hold     float64   // mean seconds a token of KV is held
+	life     float64   // mean seconds a request is in flight
+	odds     float64   // that a token only recent remembers is still cached
 }
 
 // learner owns the decayed sums behind each learned value. Outcomes update
@@ -25,6 +26,7 @@ type learned struct {
 type learner struct {
 	mu     sync.Mutex
 	pooled speed
+	decode decodeFit
 	// observed and predicted are each backend's decayed sums of TTFTs and
 	// of what the pooled fit predicted for them, by backend index; ratio
 	// holds their quotient (float64 bits) for Pick; sumSlow is the sum of
@@ -52,6 +54,7 @@ type learner struct {
 
 func (l *learner) init(n int) {
 	l.pooled = newSpeed()
+	l.decode = newDecodeFit()
 	l.observed = make([]float64, n)
 	l.predicted = make([]float64, n)
 	ratio := make([]atomic.Uint64, n)
@@ -134,6 +137,7 @@ func (l *learner) setBackends(bs []*fleet.Backend) (gone []int) {
 func (l *learner) publish() {
 	l.last.Store(&learned{
 		speed:    l.pooled,
+		decode:   l.decode,
 		meanSlow: l.sumSlow / float64(max(l.nLive, 1)),
 		hold:     l.holdSum / l.holdWeight,
 		life:     l.lifeSum / l.lifeN,
@@ -148,9 +152,14 @@ type picked struct {
 	policy      *KVRoute
 	req         *Request
 	backend     *fleet.Backend
-	sure, maybe int   // tokens predicted cached by the index and by recent
-	queued      int64 // prefill tokens queued there when routed (the router's count)
-	decoding    int64 // requests decoding there when routed
+	sure, maybe int     // tokens predicted cached by the index and by recent
+	queued      int64   // prefill tokens queued there when routed (the router's count)
+	decoding    int64   // requests decoding there when routed
+	requests    int64   // requests in flight there when routed
+	kv          int64   // context tokens they held (the router's count)
+	work        float64 // seconds of prefill it was expected to cost there
+	routed      float64 // the backend's prefill seconds ever routed, before it
+	inverse     float64 // 1/its expected tokens, counted in the backend's until done
 }
 
 // done is the Decision's Done: it learns each backend's TTFT model, the
@@ -159,6 +168,7 @@ type picked struct {
 // what a failed request was expected to leave in a backend's cache.
 func (k *picked) done(o Outcome) {
 	p, b := k.policy, k.backend
+	stall := k.release()
 	if o.Status == 0 || o.Status >= 500 {
 		// The backend never computed the prompt: take back what Pick told
 		// the index it would hold beyond what it held already.
@@ -176,9 +186,11 @@ func (k *picked) done(o Outcome) {
 	if o.Status != 200 || o.PromptTokens <= 0 {
 		return
 	}
+	p.outputs.observe(k.req, o.CompletionTokens)
 	l := &p.learner
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	k.learnDecode(l, o, stall)
 	if k.maybe > k.sure && o.CachedTokens >= 0 {
 		extra := float64(k.maybe - k.sure)
 		l.recentHit = l.recentHit*recentDecay + clamp(float64(o.CachedTokens-k.sure), 0, extra)

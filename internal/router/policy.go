@@ -37,7 +37,7 @@ type Options struct {
 // registry is every policy New knows, the default first: --help, config
 // validation, the bench and the simulator all read this one list.
 var registry = []Spec{
-	{"kvroute", "kvroute's cost model: predicted TTFT from cached prefix, queued prefill, decode load and KV room",
+	{"kvroute", "kvroute's cost model: predicted TTFT (cached prefix, queued prefill, KV room) plus its stream and its delay to the streams there",
 		func(bs []*fleet.Backend, o Options) Policy {
 			cfg := o.KVRoute
 			cfg.Seed = cmp.Or(cfg.Seed, o.Seed)

@@ -197,6 +197,10 @@ type Spec struct {
 // New returns a Router driving the policy called name for a fleet of
 // backends.
 func New(name string, backends []*fleet.Backend, opts Options) (*Router, error) {
+	name, err := withObjective(name, &opts)
+	if err != nil {
+		return nil, err
+	}
 	for _, s := range registry {
 		if s.Name == name {
 			if opts.Tokens == nil {

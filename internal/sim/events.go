@@ -32,7 +32,11 @@ const (
 
 // event is one thing to happen at a moment of virtual time. Events at the
 // same moment happen in the order they were queued (seq), which makes a run
-// deterministic.
+// deterministic; except that steps of different servers ending at the same
+// moment end in server order: when they were queued depends on whether the
+// servers stepped or coasted, and the order in which their requests finish
+// is what a learning policy learns in (tiled traces, whose copies run in
+// lockstep, end steps at the same moment all the time).
 type event struct {
 	at   time.Duration
 	seq  uint64
@@ -41,7 +45,13 @@ type event struct {
 }
 
 func (a *event) before(b *event) bool {
-	return a.at < b.at || (a.at == b.at && a.seq < b.seq)
+	if a.at != b.at {
+		return a.at < b.at
+	}
+	if a.kind == evStepEnd && b.kind == evStepEnd && a.idx != b.idx {
+		return a.idx < b.idx
+	}
+	return a.seq < b.seq
 }
 
 // queue is a 4-ary min-heap of events by (at, seq): shallower than a binary

@@ -91,6 +91,13 @@ type Config struct {
 	// DefaultKVEventDelay; see kvevents.go).
 	KVEvents     bool
 	KVEventDelay time.Duration
+	// SLO is the joint service-level objective whose goodput the report
+	// gives per policy, and which kvroute's goodput objective serves; zero
+	// means none.
+	SLO results.SLO
+	// Objective is kvroute's objective (router.KVRouteConfig.Objective);
+	// empty means its default. A policy named kvroute:OBJECTIVE overrides it.
+	Objective router.Objective
 
 	stepwise bool // step every step (tests check that coasting changes nothing)
 }
@@ -332,6 +339,8 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		if s.kv != nil {
 			opts.KVRoute.Events = s.kv
 		}
+		opts.KVRoute.SLO = router.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}
+		opts.KVRoute.Objective = cfg.Objective
 		// kvroute's prefix index need not be finer than the servers'
 		// blocks: a finer one only spends more work to say the same.
 		if b := cfg.Profile.BlockSize * router.TokenBytes; b > prefix.DefaultBlockBytes {
@@ -576,6 +585,7 @@ func (s *simulation) report(policy string) *results.Run {
 	run := &results.Run{Policy: policy, Requests: s.results}
 	run.Summary = results.Summarize(policy, s.results)
 	run.Summary.PredictionAccuracy = results.PredictionAccuracy(s.results, s.cfg.Profile.BlockSize)
+	run.Summary.ApplySLO(s.results, s.cfg.SLO)
 	busy := make([]time.Duration, len(s.servers))
 	run.Backends = make([]results.BackendSeries, len(s.servers))
 	for i := range s.servers {

@@ -54,7 +54,7 @@ type Options struct {
 
 // Specs lists the workload specs Load understands.
 func Specs() []string {
-	return []string{"chat", "small-chat", "multiturn[:PATH]", "shared-prefix", "agentic", "mixed", "mooncake[:PATH]", "azure[:PATH]"}
+	return []string{"chat", "small-chat", "multiturn[:PATH]", "shared-prefix", "agentic", "long-gen", "mixed", "mooncake[:PATH]", "azure[:PATH]"}
 }
 
 // DefaultMTBench is where multiturn looks for MT-Bench questions, relative
@@ -81,6 +81,8 @@ func Load(spec string, opts Options) (Workload, error) {
 		w = sharedPrefix(opts, rng)
 	case "agentic":
 		w = agentic(opts, rng)
+	case "long-gen":
+		w = longGen(opts, rng)
 	case "mixed":
 		w = mixed(opts, rng)
 	case "mooncake":

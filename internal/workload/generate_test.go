@@ -10,7 +10,7 @@ import (
 )
 
 func TestLoadSyntheticWorkloads(t *testing.T) {
-	for _, spec := range []string{"chat", "shared-prefix", "agentic", "mixed"} {
+	for _, spec := range []string{"chat", "shared-prefix", "agentic", "long-gen", "mixed"} {
 		t.Run(spec, func(t *testing.T) {
 			w, err := Load(spec, Options{Seed: 1, Duration: 30 * time.Second})
 			if err != nil {
@@ -94,5 +94,48 @@ func TestRealTraces(t *testing.T) {
 	w, err = Load("multiturn:"+mt, Options{Seed: 1, Duration: time.Minute})
 	if err != nil || len(w.Sessions) == 0 || len(w.Sessions[0].Turns) != 6 {
 		t.Fatalf("multiturn: %v", err)
+	}
+}
+
+// The Azure traces carry each request's real output length: the replay
+// asks for exactly that many tokens (the emulator and the simulator
+// generate max_tokens), so long generations reach the fleet as they were.
+func TestAzureKeepsOutputLengths(t *testing.T) {
+	az := sharedtest.Require(t, "azure/AzureLLMInferenceTrace_conv.csv")
+	w, err := Load("azure:"+az, Options{Duration: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The trace's first three records: 374 → 44, 396 → 109, 879 → 55 tokens.
+	for i, want := range [][2]int{{374, 44}, {396, 109}, {879, 55}} {
+		turn := w.Sessions[i].Turns[0]
+		if turn.Tokens != want[0] || turn.MaxTokens != want[1] {
+			t.Errorf("request %d: %d prompt and %d output tokens, want %d and %d", i, turn.Tokens, turn.MaxTokens, want[0], want[1])
+		}
+	}
+}
+
+func TestLongGenHasLongTurns(t *testing.T) {
+	w, err := Load("long-gen", Options{Seed: 3, Duration: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, all := 0, 0
+	for _, s := range w.Sessions {
+		for _, turn := range s.Turns {
+			all++
+			switch {
+			case turn.MaxTokens >= 1500:
+				long++
+				if turn.MaxTokens > 6000 {
+					t.Fatalf("a turn asks for %d tokens", turn.MaxTokens)
+				}
+			case turn.MaxTokens > 500:
+				t.Fatalf("a short turn asks for %d tokens", turn.MaxTokens)
+			}
+		}
+	}
+	if frac := float64(long) / float64(all); frac < 0.08 || frac > 0.2 {
+		t.Errorf("%.3f of turns ask for long generations, want about 0.13", frac)
 	}
 }

@@ -1,0 +1,42 @@
+package router
+
+import (
+	"math"
+	"testing"
+)
+
+func TestOutputsExpect(t *testing.T) {
+	o := newOutputs()
+	asked := &Request{Model: "m", MaxTokens: 1000, PromptTokens: 500}
+	if e := o.expect(asked); e.mean != 1000 || e.high != 1000 {
+		t.Errorf("nothing learned: %+v, want max_tokens", e)
+	}
+	// Clients ask for four times what they get.
+	for range 200 {
+		o.observe(asked, 250)
+	}
+	if e := o.expect(asked); math.Abs(e.mean-250) > 1 || e.high < 250 {
+		t.Errorf("after 1/4 of max_tokens each time: %+v, want a mean of 250", e)
+	}
+
+	// Without max_tokens: the prompt size's distribution, then the session's.
+	free := &Request{Model: "m", PromptTokens: 5000} // another size than asked
+	for i := range 400 {
+		o.observe(free, 100+200*(i%2)) // half 100, half 300
+	}
+	e := o.expect(free)
+	if math.Abs(e.mean-200) > 5 {
+		t.Errorf("mean %v, want 200", e.mean)
+	}
+	if e.high < 300 || e.high > 400 {
+		t.Errorf("high quantile %v, want the bucket of 300", e.high)
+	}
+	s := &Request{Model: "m", PromptTokens: 500, SessionKey: "s"}
+	o.observe(s, 2000)
+	if e := o.expect(s); e.mean != 2000 || e.high < 2000 {
+		t.Errorf("a session that got 2000: %+v", e)
+	}
+	if e := o.expect(&Request{Model: "other"}); e.mean != defaultOutput {
+		t.Errorf("unknown model: %+v, want the default", e)
+	}
+}
