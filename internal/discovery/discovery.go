@@ -10,6 +10,7 @@
 package discovery
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -34,10 +35,10 @@ const (
 	// seconds, and a new inference server takes minutes to load its model,
 	// so 10 s adds little to a scale-up and costs one query per name.
 	DefaultDNSInterval = 10 * time.Second
-	// DefaultFileInterval is how often the config file's modification time
-	// and size are checked: a stat every few seconds costs nothing, and an
-	// edit is picked up before an operator has switched windows. SIGHUP
-	// re-reads it at once.
+	// DefaultFileInterval is how often the config file is read and compared
+	// with its last contents: reading a small file every few seconds costs
+	// nothing, and an edit is picked up before an operator has switched
+	// windows. SIGHUP re-reads it at once.
 	DefaultFileInterval = 5 * time.Second
 	// DefaultPort is the port of a --dns name given without one: vLLM's
 	// and SGLang's default.
@@ -63,10 +64,10 @@ type Config struct {
 	// Fixed backends are always in the set (the --backend flags).
 	Fixed []*fleet.Backend
 	// File, when not empty, is a YAML file whose backends list (the
-	// --config format) is re-read when its modification time or size
-	// changes, checked every FileInterval (default DefaultFileInterval;
-	// negative: never, only on Reload), and on Reload. A file that cannot
-	// be read or parsed keeps the backends it had.
+	// --config format) is re-read when its contents change, checked every
+	// FileInterval (default DefaultFileInterval; negative: never, only on
+	// Reload), and on Reload. A file that cannot be read or parsed keeps
+	// the backends it had.
 	File         string
 	FileInterval time.Duration
 	// DNS names are resolved every DNSInterval (and on Reload), each
@@ -105,9 +106,8 @@ type Discovery struct {
 	k8sC chan struct{}
 
 	mu sync.Mutex // guards the fields below
-	// file: the modification time and size last read, and its backends.
-	fileMod     time.Time
-	fileSize    int64
+	// file: the contents last parsed, and their backends.
+	fileData    []byte
 	fileRead    bool
 	fileBackend []*fleet.Backend
 	fileFailing bool
@@ -306,29 +306,35 @@ func (d *Discovery) desired() ([]*fleet.Backend, bool) {
 	return bs, changed
 }
 
-// readFile re-reads the file's backends if it changed since the last read
-// (or always, when force). On failure the file keeps its last backends.
+// readFile re-reads the file's backends if its contents changed since the
+// last read (or always, when force). On failure the file keeps its last
+// backends.
+//
+// The contents are compared, not the modification time and size: a file
+// replaced by one of the same size within one tick of the file system's
+// clock (4 ms on ext4 with HZ=250; seconds on some network file systems)
+// keeps both, and its change would be missed until the next edit.
 func (d *Discovery) readFile(force bool) error {
 	if d.cfg.File == "" {
 		return nil
 	}
-	st, err := os.Stat(d.cfg.File)
+	data, err := os.ReadFile(d.cfg.File)
 	if err == nil {
 		d.mu.Lock()
-		same := d.fileRead && st.ModTime().Equal(d.fileMod) && st.Size() == d.fileSize
+		same := d.fileRead && bytes.Equal(data, d.fileData)
 		d.mu.Unlock()
 		if same && !force {
 			return nil
 		}
 		var bs []*fleet.Backend
-		if bs, err = LoadBackends(d.cfg.File); err == nil {
+		if bs, err = parseBackends(d.cfg.File, data); err == nil {
 			for _, b := range bs {
 				if b.APIKey == "" {
 					b.APIKey = d.cfg.APIKey
 				}
 			}
 			d.mu.Lock()
-			d.fileMod, d.fileSize, d.fileRead, d.fileBackend = st.ModTime(), st.Size(), true, bs
+			d.fileData, d.fileRead, d.fileBackend = data, true, bs
 			if d.fileFailing {
 				d.log.Info("discovery: config file readable again", "file", d.cfg.File)
 			}
@@ -357,6 +363,12 @@ func LoadBackends(path string) ([]*fleet.Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
+	return parseBackends(path, data)
+}
+
+// parseBackends parses the backends list of data, the contents of the
+// --config file path.
+func parseBackends(path string, data []byte) ([]*fleet.Backend, error) {
 	var file struct {
 		Backends any `yaml:"backends"`
 	}
