@@ -110,6 +110,10 @@ func (c *Core) newEvents(cfg *CoreConfig) {
 	cfg.Router.KVRoute.Events = c.events
 }
 
+// Events is the follower of the backends' KV events, nil without
+// CoreConfig.KVEvents.
+func (c *Core) Events() *follow.Follower { return c.events }
+
 // ProxyFleet is the fleet as a proxy should see it: with the KV events'
 // metrics served beside the fleet's when there are events.
 func (c *Core) ProxyFleet() proxy.Fleet {

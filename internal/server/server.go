@@ -100,6 +100,8 @@ type Server struct {
 	Fleet  *fleet.Fleet
 	Router *router.Router
 	Proxy  *proxy.Proxy
+	// Events follows the backends' KV events; nil without Config.KVEvents.
+	Events *follow.Follower
 	// URL is the API's base URL; MetricsURL the metrics listener's, if any.
 	URL, MetricsURL string
 
@@ -137,7 +139,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Fleet: fl, Router: rt, Proxy: px, cfg: cfg, log: log, errc: make(chan error, 3)}
+	s := &Server{Fleet: fl, Router: rt, Proxy: px, Events: core.Events(), cfg: cfg, log: log, errc: make(chan error, 3)}
 	scheme := "http"
 	if cfg.MaxConns > 0 {
 		ln = limitListener(ln, cfg.MaxConns)
