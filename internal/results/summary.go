@@ -57,53 +57,76 @@ type Summary struct {
 
 // Summarize aggregates results.
 func Summarize(name string, results []Result) Summary {
-	s := Summary{Name: name, Requests: len(results)}
-	var ttft, e2e, itl, server, faultTTFT []time.Duration
-	first, last := time.Duration(-1), time.Duration(0)
-	for _, r := range results {
-		if first < 0 || r.Sent < first {
-			first = r.Sent
-		}
-		last = max(last, r.Sent+r.E2E)
-		if r.InFault {
-			s.FaultRequests++
-		}
-		if r.Err != nil || r.Error != "" {
-			s.Errors++
-			switch {
-			case r.CutWithEvent:
-				s.CutWithEvent++
-			case r.CutSilent:
-				s.CutSilent++
-			default:
-				// Unclassified failures (results written before the
-				// classification existed) count as lost: no usable answer.
-				s.Lost++
-			}
-			continue
-		}
-		ttft = append(ttft, r.TTFT)
-		if r.InFault {
-			faultTTFT = append(faultTTFT, r.TTFT)
-		}
-		e2e = append(e2e, r.E2E)
-		if r.ITL > 0 {
-			itl = append(itl, r.ITL)
-		}
-		if r.ServerTTFT > 0 {
-			server = append(server, r.ServerTTFT)
-		}
-		s.PromptTokens += r.PromptTokens
-		s.CachedTokens += r.CachedTokens
-		s.CompletionTokens += r.CompletionTokens
+	var a Summarizer
+	for i := range results {
+		a.Add(&results[i])
 	}
-	s.TTFTP50, s.TTFTP99 = Percentile(ttft, 0.50), Percentile(ttft, 0.99)
-	s.E2EP50, s.E2EP99 = Percentile(e2e, 0.50), Percentile(e2e, 0.99)
-	s.ITLP50, s.ITLP99 = Percentile(itl, 0.50), Percentile(itl, 0.99)
-	s.ServerTTFTP50, s.ServerTTFTP99 = Percentile(server, 0.50), Percentile(server, 0.99)
-	s.FaultTTFTP99 = Percentile(faultTTFT, 0.99)
-	if first >= 0 {
-		s.Span = last - first
+	return a.Summary(name)
+}
+
+// Summarizer aggregates results one at a time, in memory that does not grow
+// with their number beyond ExactLimit (see Latencies): a simulation of ten
+// million requests summarises them as they end instead of keeping them. The
+// zero value is ready to use. Not safe for concurrent use.
+type Summarizer struct {
+	s                                 Summary
+	ttft, e2e, itl, server, faultTTFT Latencies
+	first, last                       time.Duration
+	seen                              bool
+}
+
+// Add counts r.
+func (a *Summarizer) Add(r *Result) {
+	s := &a.s
+	s.Requests++
+	if !a.seen || r.Sent < a.first {
+		a.first, a.seen = r.Sent, true
+	}
+	a.last = max(a.last, r.Sent+r.E2E)
+	if r.InFault {
+		s.FaultRequests++
+	}
+	if r.Err != nil || r.Error != "" {
+		s.Errors++
+		switch {
+		case r.CutWithEvent:
+			s.CutWithEvent++
+		case r.CutSilent:
+			s.CutSilent++
+		default:
+			// Unclassified failures (results written before the
+			// classification existed) count as lost: no usable answer.
+			s.Lost++
+		}
+		return
+	}
+	a.ttft.Add(r.TTFT)
+	if r.InFault {
+		a.faultTTFT.Add(r.TTFT)
+	}
+	a.e2e.Add(r.E2E)
+	if r.ITL > 0 {
+		a.itl.Add(r.ITL)
+	}
+	if r.ServerTTFT > 0 {
+		a.server.Add(r.ServerTTFT)
+	}
+	s.PromptTokens += r.PromptTokens
+	s.CachedTokens += r.CachedTokens
+	s.CompletionTokens += r.CompletionTokens
+}
+
+// Summary returns the aggregate of the results added so far, named name.
+func (a *Summarizer) Summary(name string) Summary {
+	s := a.s
+	s.Name = name
+	s.TTFTP50, s.TTFTP99 = a.ttft.Quantile(0.50), a.ttft.Quantile(0.99)
+	s.E2EP50, s.E2EP99 = a.e2e.Quantile(0.50), a.e2e.Quantile(0.99)
+	s.ITLP50, s.ITLP99 = a.itl.Quantile(0.50), a.itl.Quantile(0.99)
+	s.ServerTTFTP50, s.ServerTTFTP99 = a.server.Quantile(0.50), a.server.Quantile(0.99)
+	s.FaultTTFTP99 = a.faultTTFT.Quantile(0.99)
+	if a.seen {
+		s.Span = a.last - a.first
 	}
 	if s.Span > 0 {
 		s.OutputTokensPerSec = float64(s.CompletionTokens) / s.Span.Seconds()
