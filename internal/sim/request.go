@@ -262,7 +262,11 @@ func (s *simulation) finish(f *flight) {
 }
 
 func (s *simulation) record(r results.Result) {
-	s.results = append(s.results, r)
+	s.sum.Add(&r)
+	if s.keepAll || s.recorded%s.stride == 0 {
+		s.kept = append(s.kept, r)
+	}
+	s.recorded++
 	if s.progress != nil {
 		s.progress()
 	}

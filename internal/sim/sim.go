@@ -67,8 +67,9 @@ type Config struct {
 	// from one trace. Token mode only.
 	Tile int
 	// KeepRequests bounds the per-request results kept in each Run (an
-	// evenly spaced sample beyond it; the summary counts them all). Zero
-	// means 100,000; negative keeps all.
+	// evenly spaced sample beyond it; the summary counts them all, in memory
+	// that does not grow with them: results.Summarizer). Zero means 100,000;
+	// negative keeps all.
 	KeepRequests int
 	// BoundsLimit is the largest workload, in requests, for which the cache
 	// bounds are computed (they need every block of the run in memory).
@@ -164,7 +165,7 @@ func RunStats(ctx context.Context, cfg Config) (*results.Report, []Stats, error)
 				run.Requests[j].PromptBlocks, run.Requests[j].SequenceBlocks = nil, nil
 			}
 		}
-		run.Requests = sampleResults(run.Requests, cfg.KeepRequests)
+		run.Requests = sampleResults(run.Requests, cfg.KeepRequests) // after the bounds, which kept all
 		rep.Runs = append(rep.Runs, *run)
 		stats = append(stats, st)
 	}
@@ -257,12 +258,22 @@ type simulation struct {
 	free     []int32
 	active   int // sessions started and not ended
 
-	results  []results.Result
-	events   int64
-	stepwise bool
-	progress func()
-	origin   time.Time
-	tokBuf   []int32
+	// sum summarises every result as it ends; kept are those the report
+	// lists: all of them (keepAll), or every stride-th.
+	sum      results.Summarizer
+	kept     []results.Result
+	keepAll  bool
+	stride   int
+	recorded int
+	// sampleEvery is the interval of the load samples, doubled (and the
+	// samples so far thinned) whenever a server has sampleCap of them.
+	sampleEvery time.Duration
+	sampleCap   int
+	events      int64
+	stepwise    bool
+	progress    func()
+	origin      time.Time
+	tokBuf      []int32
 }
 
 // sessionRef is one session of the (tiled) workload.
@@ -322,8 +333,14 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 	}
 	s.order = sessionOrder(cfg)
 	s.sessions = make([]session, len(s.order))
-	// A million results grown by appending would be copied twice over.
-	s.results = make([]results.Result, 0, cfg.Tile*cfg.Workload.Requests())
+	total := cfg.Tile * cfg.Workload.Requests()
+	s.keepAll = withBounds || cfg.KeepRequests < 0 || total <= cfg.KeepRequests
+	s.stride = 1
+	if !s.keepAll {
+		s.stride = (total + cfg.KeepRequests - 1) / cfg.KeepRequests
+	}
+	s.sampleEvery = cfg.Sample
+	s.sampleCap = max(minSamples, sampleBudget/cfg.Backends) &^ 1 // even: see sample
 	return s, nil
 }
 
@@ -384,7 +401,7 @@ func (s *simulation) run(ctx context.Context) error {
 		case evSample:
 			s.sample()
 			if !s.done() {
-				s.q.push(s.now+s.cfg.Sample, evSample, 0)
+				s.q.push(s.now+s.sampleEvery, evSample, 0)
 			}
 		}
 	}
@@ -505,19 +522,41 @@ func (s *simulation) scrape(r int) {
 	rep.scrapedOnce = true
 }
 
-// sample records every server's load.
+// sample records every server's load. Past sampleCap samples a server, it
+// keeps every other one and samples half as often from then on: a long run
+// at ten thousand servers would otherwise keep gigabytes of samples for a
+// chart of a few hundred points. The cap is even, so the sample just taken
+// (at an even position) is kept and the grid stays regular.
 func (s *simulation) sample() {
 	for i := range s.servers {
 		s.servers[i].eng.Settle(s.now)
 		st := s.servers[i].eng.Stats()
 		s.servers[i].samples = append(s.servers[i].samples, results.LoadSample{At: s.now, Running: st.Running, Waiting: st.Waiting, KVUsage: st.KVUsage})
 	}
+	if len(s.servers[0].samples) <= s.sampleCap {
+		return
+	}
+	for i := range s.servers {
+		ss := s.servers[i].samples
+		for j := 0; 2*j < len(ss); j++ {
+			ss[j] = ss[2*j]
+		}
+		s.servers[i].samples = ss[:(len(ss)+1)/2]
+	}
+	s.sampleEvery *= 2
 }
+
+// The load samples of all servers together stay under about sampleBudget
+// (32 bytes each), and each server keeps at least minSamples.
+const (
+	sampleBudget = 4 << 20
+	minSamples   = 256
+)
 
 // report builds the run's measurements.
 func (s *simulation) report(policy string) *results.Run {
-	run := &results.Run{Policy: policy, Requests: s.results}
-	run.Summary = results.Summarize(policy, s.results)
+	run := &results.Run{Policy: policy, Requests: s.kept}
+	run.Summary = s.sum.Summary(policy)
 	busy := make([]time.Duration, len(s.servers))
 	run.Backends = make([]results.BackendSeries, len(s.servers))
 	for i := range s.servers {
