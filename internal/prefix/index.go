@@ -65,13 +65,28 @@ type Index struct {
 	tiers  [][]lru // per tier, per backend
 	// capacities are each tier's capacity for a backend Grow adds.
 	capacities []int
+	// held finds a hot block's holder by (block, backend, tier) (pairKey):
+	// a system prompt's first block is held by every backend in every
+	// tier, and at ten thousand backends a scan of its holders for each
+	// refresh, forget or match of one backend costs more than the rest of
+	// a decision. Only hot blocks are in it: one entry per holder of
+	// every block would double the index's memory for blocks one or two
+	// backends hold.
+	held hashtab.Table
+	bis  []int32 // MatchFew's scratch
 }
 
 // block is one prompt block and the backends holding it.
 type block struct {
 	hash    uint64
 	holders []holder
+	hot     bool // its holders are in Index.held
 }
+
+// A block becomes hot with more than hotHolders holders, and cold again
+// with fewer than half as many (not at the same count, so that a block
+// around the threshold does not move in and out of held).
+const hotHolders = 16
 
 type holder struct {
 	backend int32
@@ -254,11 +269,8 @@ func (ix *Index) ForgetTier(t, backend int, hashes []uint64, from int) {
 		if !ok {
 			continue
 		}
-		for _, hd := range ix.blocks[bi].holders {
-			if int(hd.backend) == backend && int(hd.tier) == t {
-				ix.remove(t, backend, hd.node)
-				break
-			}
+		if n, ok := ix.holds(bi, backend, t); ok {
+			ix.remove(t, backend, n)
 		}
 	}
 }
@@ -286,20 +298,58 @@ func (ix *Index) touch(backend int, h uint64) {
 		b := &ix.blocks[bi]
 		l.nodes[n].slot = int32(len(b.holders))
 		b.holders = append(b.holders, holder{backend: int32(backend), tier: int32(t), node: n})
+		switch {
+		case b.hot:
+			ix.held.Insert(ix.pairKey(bi, backend, t), n)
+		case len(b.holders) > hotHolders:
+			ix.setHot(bi, true)
+		}
 	}
 }
 
 // refresh moves block bi to the head of l, backend's list in tier t, and
 // reports whether the backend held it there.
 func (ix *Index) refresh(l *lru, bi int32, backend, t int) bool {
-	for _, hd := range ix.blocks[bi].holders {
+	n, ok := ix.holds(bi, backend, t)
+	if ok {
+		l.unlink(n)
+		l.pushHead(n)
+	}
+	return ok
+}
+
+// holds returns the node of block bi in backend's list of tier t, if it
+// holds it there.
+func (ix *Index) holds(bi int32, backend, t int) (int32, bool) {
+	b := &ix.blocks[bi]
+	if b.hot {
+		return ix.held.Get(ix.pairKey(bi, backend, t))
+	}
+	for _, hd := range b.holders {
 		if int(hd.backend) == backend && int(hd.tier) == t {
-			l.unlink(hd.node)
-			l.pushHead(hd.node)
-			return true
+			return hd.node, true
 		}
 	}
-	return false
+	return 0, false
+}
+
+// pairKey names (block bi, backend, tier t) in held.
+func (ix *Index) pairKey(bi int32, backend, t int) uint64 {
+	return uint64(bi)<<32 | uint64(backend*len(ix.tiers)+t)
+}
+
+// setHot puts every holder of block bi into held, or takes them out.
+func (ix *Index) setHot(bi int32, hot bool) {
+	b := &ix.blocks[bi]
+	b.hot = hot
+	for _, hd := range b.holders {
+		k := ix.pairKey(bi, int(hd.backend), int(hd.tier))
+		if hot {
+			ix.held.Insert(k, hd.node)
+		} else {
+			ix.held.Delete(k)
+		}
+	}
 }
 
 // newBlock returns the index of a block for h that no backend holds,
@@ -328,6 +378,9 @@ func (ix *Index) remove(t, backend int, n int32) {
 	l := &ix.tiers[t][backend]
 	bi, i := l.nodes[n].b, l.nodes[n].slot
 	b := &ix.blocks[bi]
+	if b.hot {
+		ix.held.Delete(ix.pairKey(bi, backend, t))
+	}
 	l.unlink(n)
 	l.release(n)
 	l.size--
@@ -340,6 +393,9 @@ func (ix *Index) remove(t, backend int, n int32) {
 		ix.tiers[moved.tier][moved.backend].nodes[moved.node].slot = i
 	}
 	b.holders = b.holders[:last]
+	if b.hot && len(b.holders) < hotHolders/2 {
+		ix.setHot(bi, false)
+	}
 	if len(b.holders) == 0 {
 		ix.byHash.Delete(b.hash)
 		ix.unused = append(ix.unused, bi)

@@ -73,6 +73,9 @@ type KVRoute struct {
 	arrivals  float64
 	arrivedAt time.Time
 
+	// prune keeps the backends ordered by load for pruned picks.
+	prune pruner
+
 	scratch sync.Pool // *pickScratch
 	// width is how many backend indexes the per-backend state has room
 	// for (SetBackends grows it); scratch taken from the pool is resized
@@ -115,6 +118,14 @@ type KVRouteConfig struct {
 	// Tokens estimates prompt lengths (the Router's, shared); nil means a
 	// fresh estimator.
 	Tokens *Tokens
+	// FullScan scores every candidate on every pick, as kvroute did
+	// before it pruned (kvroute_prune.go): the pick's cost then grows with
+	// the fleet. PruneLeast and PruneHolders size the pruned set: the
+	// least loaded candidates and the deepest prefix holders it scores
+	// (defaults 16 and 16); fleets of up to twice their sum are scanned
+	// whole.
+	FullScan                 bool
+	PruneLeast, PruneHolders int
 }
 
 func (c KVRouteConfig) withDefaults() KVRouteConfig {
@@ -129,6 +140,12 @@ func (c KVRouteConfig) withDefaults() KVRouteConfig {
 	}
 	if c.Tokens == nil {
 		c.Tokens = NewTokens()
+	}
+	if c.PruneLeast <= 0 {
+		c.PruneLeast = defaultPruneLeast
+	}
+	if c.PruneHolders <= 0 {
+		c.PruneHolders = defaultPruneHolders
 	}
 	if c.DefaultKVTokens <= 0 {
 		c.DefaultKVTokens = 400_000
@@ -163,6 +180,7 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 	}
 	p.index = prefix.NewTiered(n, p.blocksFor(cfg.DefaultKVTokens), recentFactor*p.blocksFor(cfg.DefaultKVTokens))
 	p.learner.init(n)
+	p.prune.setBackends(backends)
 	p.width.Store(int64(n))
 	p.scratch.New = func() any {
 		n := p.width.Load()
@@ -180,6 +198,7 @@ func (p *KVRoute) SetBackends(backends []*fleet.Backend) {
 		n = max(n, b.Index+1)
 	}
 	gone := p.learner.setBackends(backends)
+	p.prune.setBackends(backends)
 	p.index.Grow(n)
 	for _, i := range gone {
 		p.index.Clear(i)
@@ -231,6 +250,8 @@ type pickScratch struct {
 	loads   []fleet.Load
 	drains  []drain
 	cand    []candidate
+	few     []int32          // a pruned pick's backends, by index
+	sub     []*fleet.Backend // and as candidates
 }
 
 // blocksFor converts a KV capacity in tokens into index blocks.
@@ -249,7 +270,8 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		s.matched, s.recent = make([]int, n), make([]int, n)
 	}
 	s.hashes = req.prefixHashes(s.hashes[:0], p.cfg.BlockBytes)
-	longest := p.index.Match(s.hashes, s.matched, s.recent)
+	fleetSize := len(cands)
+	cands, longest, inFlight := p.match(s, req, cands) // all, or the few that can win (kvroute_prune.go)
 	ln := p.learner.snapshot()
 	ratio := p.cfg.Tokens.Ratio()
 	promptTokens := req.promptTokens(ratio)
@@ -262,7 +284,10 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		loads[i] = p.load(b)
 		total += loads[i].Requests
 	}
-	bound := loadBound(p.cfg.LoadFactor, total, len(cands))
+	if inFlight >= 0 {
+		total = inFlight * int64(max(p.cfg.Replicas, 1))
+	}
+	bound := loadBound(p.cfg.LoadFactor, total, fleetSize)
 
 	now := p.cfg.Now()
 	nowS := now.Sub(p.epoch).Seconds()
@@ -278,7 +303,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	p.mu.Unlock()
 
 	cand, backlog := p.candidates(s, cands, ln, ratio, promptTokens, nowS)
-	penalty := missPenalty(p.cfg.MissPenalty, rate, len(cands), backlog)
+	penalty := missPenalty(p.cfg.MissPenalty, rate, fleetSize, backlog)
 	best, floor, floorTTFT := p.cost(cand, cands, loads, ln, penalty, bound, float64(promptTokens+max(req.MaxTokens, defaultOutput)))
 	if math.IsInf(cand[best].cost, 1) {
 		// Every backend is over the bound (the slack above the mean makes
@@ -324,6 +349,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		d.Reason = "least-cost"
 	}
 	p.index.Insert(chosen.Index, s.hashes)
+	p.prune.routed(chosen)
 	p.mu.Lock()
 	p.queue[chosen.Index] = drain{work: cb.queued + work, at: nowS}
 	if req.SessionKey != "" {

@@ -159,6 +159,7 @@ type picked struct {
 // what a failed request was expected to leave in a backend's cache.
 func (k *picked) done(o Outcome) {
 	p, b := k.policy, k.backend
+	p.prune.settle(b)
 	if o.Status == 0 || o.Status >= 500 {
 		// The backend never computed the prompt: take back what Pick told
 		// the index it would hold beyond what it held already.

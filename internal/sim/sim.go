@@ -81,6 +81,10 @@ type Config struct {
 	// (router.KVRouteConfig.Replicas unset), to measure what awareness
 	// saves.
 	ReplicaUnaware bool
+	// FullScan makes kvroute score every server on every pick instead of
+	// the few that can win (router.KVRouteConfig.FullScan), to measure
+	// what pruning changes.
+	FullScan bool
 
 	stepwise bool // step every step (tests check that coasting changes nothing)
 }
@@ -316,6 +320,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			Metrics: s.metricsFunc(rep),
 			Now:     s.clock,
 		}
+		opts.KVRoute.FullScan = cfg.FullScan
 		if !cfg.ReplicaUnaware {
 			opts.KVRoute.Replicas = cfg.Routers
 		}
