@@ -100,6 +100,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.fleet.Timeout, "probe-timeout", fleet.DefaultTimeout, "limit of each /health, /metrics and /v1/models probe (llama-server answers /metrics only between batches: give it seconds on CPUs)")
 	fs.Float64Var(&cfg.policyOpts.KVRoute.LoadFactor, "load-factor", 2, "kvroute: no backend takes more than this × the mean in-flight requests (+4)")
 	fs.IntVar(&cfg.policyOpts.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
+	fs.BoolVar(&cfg.policyOpts.KVRoute.FullScan, "full-scan", false, "kvroute: score every backend on every pick, not only the prefix holders and the 16 least loaded (above 64 backends; the pick's cost then grows with the fleet)")
 	fs.IntVar(&cfg.policyOpts.KVRoute.Replicas, "replicas", 1, "kvroute: router replicas sharing these backends behind a random split (each scales its load counts and places sessions by consistent hashing)")
 	fs.Uint64Var(&cfg.policyOpts.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug (one line per request with its decision), info, warn or error")

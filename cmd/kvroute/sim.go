@@ -55,6 +55,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.IntVar(&blockSize, "block-size", 0, "KV block of the servers in tokens, their KV capacity in tokens kept (default: the profile's; 512, the block of Mooncake's traces, simulates a large fleet many times faster)")
 	fs.DurationVar(&sf.cfg.Scrape, "scrape-interval", time.Second, "how often each router replica reads the servers' metrics")
 	fs.BoolVar(&sf.cfg.ReplicaUnaware, "replica-unaware", false, "do not tell kvroute how many replicas share the fleet (to measure what that saves)")
+	fs.BoolVar(&sf.cfg.FullScan, "full-scan", false, "kvroute scores every server on every pick instead of the few that can win (to measure what pruning changes)")
 	fs.BoolVar(&sf.cfg.Text, "text", false, "traces: render prompts as text and tokenize them, as the live bench does (slower)")
 	fs.IntVar(&sf.cfg.KeepRequests, "keep-requests", 100_000, "per-request results kept in results.json (an even sample beyond; -1: all)")
 	fs.DurationVar(&sf.find.SLO, "slo-ttft-p99", 0, "p99 TTFT objective for --find-backends (e.g. 2s)")

@@ -125,8 +125,7 @@ var errTooLong = errors.New("status 400: request longer than the model's context
 // the replica counts the request there, the server queues it.
 func (s *simulation) send(i int) {
 	ss := &s.sessions[i]
-	ref := s.order[i]
-	ws := &s.cfg.Workload.Sessions[ref.base]
+	ws := &s.cfg.Workload.Sessions[ss.base]
 	turn := &ws.Turns[ss.turn]
 	f := s.newFlight()
 	f.session, f.sent = int32(i), s.now
@@ -143,11 +142,11 @@ func (s *simulation) send(i int) {
 		f.rreq = router.Request{Model: s.cfg.Profile.Model,
 			SessionKey: ws.ID, Prompt: string(ss.conv.text), MaxTokens: turn.MaxTokens}
 	} else {
-		f.hashes = tokenHashes(f.hashes[:0], turn, ref.tile, bs)
+		f.hashes = tokenHashes(f.hashes[:0], turn, ss.tile, bs)
 		f.req.PromptLen, f.req.MaxTokens = turn.Tokens, turn.MaxTokens
 		key := ws.ID
 		if s.cfg.Tile > 1 {
-			key = fmt.Sprintf("%s/%d", ws.ID, ref.tile)
+			key = fmt.Sprintf("%s/%d", ws.ID, ss.tile)
 		}
 		f.rreq = router.Request{Model: s.cfg.Profile.Model,
 			SessionKey: key, MaxTokens: turn.MaxTokens, PromptTokens: turn.Tokens,
@@ -212,7 +211,7 @@ func tokenHashes(dst []uint64, t *workload.Turn, tile int32, blockSize int) []ui
 func (s *simulation) fail(f *flight, status int, err error) {
 	i := int(f.session)
 	ss := &s.sessions[i]
-	res := results.Result{Session: int(s.order[i].base), Turn: int(ss.turn), Status: status,
+	res := results.Result{Session: int(ss.base), Turn: int(ss.turn), Status: status,
 		Heavy: s.turnOf(i).Heavy, Sent: f.sent, Err: err, Error: err.Error()}
 	if f.t != nil {
 		res.Backend, res.Route = f.t.Backend.Name, f.t.Reason
@@ -235,7 +234,7 @@ func (s *simulation) finish(f *flight) {
 	i := int(f.session)
 	ss := &s.sessions[i]
 	res := results.Result{
-		Session: int(s.order[i].base), Turn: int(ss.turn), Heavy: s.turnOf(i).Heavy,
+		Session: int(ss.base), Turn: int(ss.turn), Heavy: s.turnOf(i).Heavy,
 		Backend: f.t.Backend.Name, Route: f.t.Reason, Status: http.StatusOK,
 		Sent: f.sent, TTFT: ttft, E2E: e2e, ServerTTFT: r.FirstToken - r.Arrival,
 		PromptTokens: r.PromptLen, CachedTokens: r.CachedTokens, CompletionTokens: r.Output,

@@ -255,9 +255,12 @@ type simulation struct {
 	replicas []*replica
 	split    *rand.Rand // the L4 balancer in front of the replicas
 
-	order    []sessionRef // open loop: sessions by start time
-	next     int          // next entry of order to start
+	order *order // sessions by start time
+	// sessions are the sessions started and not ended, in slots reused
+	// once they end (idle lists them): a run keeps the sessions in play,
+	// not every session of a ten-million-request workload.
 	sessions []session
+	idle     []int32
 	flights  []*flight
 	free     []int32
 	active   int // sessions started and not ended
@@ -325,8 +328,10 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			opts.KVRoute.Replicas = cfg.Routers
 		}
 		// kvroute's prefix index need not be finer than the servers'
-		// blocks: a finer one only spends more work to say the same.
-		if b := cfg.Profile.BlockSize * router.TokenBytes; b > prefix.DefaultBlockBytes {
+		// blocks, nor than a trace's (prompts that share part of a trace
+		// block share all of it): a finer one only spends more work to say
+		// the same.
+		if b := max(cfg.Profile.BlockSize, traceBlock(cfg)) * router.TokenBytes; b > prefix.DefaultBlockBytes {
 			opts.KVRoute.BlockBytes = b
 		}
 		r, err := router.New(policy, rep.backends, opts)
@@ -336,8 +341,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		rep.router = r
 		s.replicas = append(s.replicas, rep)
 	}
-	s.order = sessionOrder(cfg)
-	s.sessions = make([]session, len(s.order))
+	s.order = newOrder(cfg)
 	total := cfg.Tile * cfg.Workload.Requests()
 	s.keepAll = withBounds || cfg.KeepRequests < 0 || total <= cfg.KeepRequests
 	s.stride = 1
@@ -347,6 +351,25 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 	s.sampleEvery = cfg.Sample
 	s.sampleCap = max(minSamples, sampleBudget/cfg.Backends) &^ 1 // even: see sample
 	return s, nil
+}
+
+// traceBlock returns the tokens of a block-described workload's blocks in
+// token mode, when every turn has the same and it is a whole number of the
+// servers' blocks; else 0.
+func traceBlock(cfg Config) int {
+	if !tokenMode(cfg) {
+		return 0
+	}
+	n := cfg.Workload.Sessions[0].Turns[0].BlockTokens
+	for i := range cfg.Workload.Sessions {
+		if cfg.Workload.Sessions[i].Turns[0].BlockTokens != n {
+			return 0
+		}
+	}
+	if n <= 0 || n%cfg.Profile.BlockSize != 0 {
+		return 0
+	}
+	return n
 }
 
 // clock is the policies' clock: virtual time, as a time.Time.
@@ -366,11 +389,11 @@ func (s *simulation) metricsFunc(rep *replica) func(*fleet.Backend) *fleet.Metri
 // run processes events until every session has ended.
 func (s *simulation) run(ctx context.Context) error {
 	if s.cfg.Users > 0 {
-		for range min(s.cfg.Users, len(s.order)) {
+		for range min(s.cfg.Users, s.order.total) {
 			s.startNext(0)
 		}
 	} else {
-		s.q.push(s.order[0].start, evSession, 0)
+		s.q.push(s.order.peek().start, evSession, 0)
 	}
 	for r := range s.replicas {
 		// Replicas scrape at staggered phases, as independent processes do.
@@ -387,8 +410,8 @@ func (s *simulation) run(ctx context.Context) error {
 		switch ev.kind {
 		case evSession:
 			s.startNext(s.now)
-			if s.next < len(s.order) {
-				s.q.push(s.order[s.next].start, evSession, 0)
+			if s.order.left() {
+				s.q.push(s.order.peek().start, evSession, 0)
 			}
 		case evSend:
 			s.send(int(ev.idx))
@@ -415,18 +438,23 @@ func (s *simulation) run(ctx context.Context) error {
 
 // done reports whether nothing is left to happen but the periodic events.
 func (s *simulation) done() bool {
-	return s.next >= len(s.order) && s.active == 0
+	return !s.order.left() && s.active == 0
 }
 
 // startNext starts the next session of the workload at now (its first turn
 // after its think time).
 func (s *simulation) startNext(now time.Duration) {
-	if s.next >= len(s.order) {
+	if !s.order.left() {
 		return
 	}
-	i := s.next
-	s.next++
-	ref := s.order[i]
+	ref := s.order.pop()
+	i := len(s.sessions)
+	if n := len(s.idle); n > 0 {
+		i = int(s.idle[n-1])
+		s.idle = s.idle[:n-1]
+	} else {
+		s.sessions = append(s.sessions, session{})
+	}
 	s.sessions[i] = session{base: ref.base, tile: ref.tile}
 	if s.text {
 		s.sessions[i].conv = newConvo(&s.cfg.Workload.Sessions[ref.base])
@@ -444,6 +472,7 @@ func (s *simulation) turnOf(i int) *workload.Turn {
 // endSession ends session i at now; closed loop, its user starts another.
 func (s *simulation) endSession(i int) {
 	s.sessions[i].conv = nil
+	s.idle = append(s.idle, int32(i))
 	s.active--
 	if s.cfg.Users > 0 {
 		s.startNext(s.now)
