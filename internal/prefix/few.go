@@ -61,7 +61,7 @@ func (ix *Index) known(hashes []uint64) []int32 {
 func (ix *Index) deepest(bis []int32, backends []int32, want, tiers int) []int32 {
 	added := 0
 	for i := len(bis) - 1; i >= 0 && added < want; i-- {
-		for _, hd := range ix.blocks[bis[i]].holders {
+		for _, hd := range ix.holders(bis[i]) {
 			if int(hd.tier) >= tiers || slices.Contains(backends, hd.backend) {
 				continue
 			}
