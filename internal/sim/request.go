@@ -189,9 +189,13 @@ func (s *simulation) send(i int) {
 func tokenHashes(dst []uint64, t *workload.Turn, tile int32, blockSize int) []uint64 {
 	ids := t.Blocks
 	if tile > 0 {
+		// The salt reaches the low bits: HashBlockIDs multiplies an id by
+		// the trace's block tokens, which shifted a salt in the high bits
+		// (tile<<48) out, and at 512 tokens tiles 128 apart shared every
+		// prompt.
 		salted := make([]uint64, len(ids))
 		for j, id := range ids {
-			salted[j] = id ^ uint64(tile)<<48 ^ 0x5d1e00000000
+			salted[j] = id + uint64(tile)*0x9e3779b97f4a7c15
 		}
 		ids = salted
 	}

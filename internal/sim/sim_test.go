@@ -301,3 +301,18 @@ func TestOrderMatchesSort(t *testing.T) {
 		}
 	}
 }
+
+// Tiles share no prompt block, however many there are (a salt the
+// block-id multiplication shifted out once made tiles 128 apart share all).
+func TestTilesShareNothing(t *testing.T) {
+	turn := &workload.Turn{Blocks: []uint64{1, 2, 3}, BlockTokens: 512, Tokens: 1536, MaxTokens: 16}
+	seen := map[uint64]int32{}
+	for tile := range int32(1000) {
+		for _, h := range tokenHashes(nil, turn, tile, 512) {
+			if other, ok := seen[h]; ok {
+				t.Fatalf("tiles %d and %d share block %#x", other, tile, h)
+			}
+			seen[h] = tile
+		}
+	}
+}
