@@ -138,7 +138,7 @@ func TestKVEventsThroughTheServer(t *testing.T) {
 			post(chat(conv, turns))
 		}
 	}
-	store := s.cfg.Router.KVRoute.Events.(*follow.Follower).Store()
+	store := s.core.events.Store()
 	deadline := time.Now().Add(10 * time.Second)
 	for i, e := range emus {
 		for {
@@ -222,7 +222,7 @@ func TestKVEventsLivePrediction(t *testing.T) {
 // events arrive in under a millisecond.
 func waitCaughtUp(t *testing.T, s *Server, emus []*eventingEmulator) {
 	t.Helper()
-	store := s.cfg.Router.KVRoute.Events.(*follow.Follower).Store()
+	store := s.core.events.Store()
 	deadline := time.Now().Add(10 * time.Second)
 	for i, e := range emus {
 		for store.Applied(i) != e.srv.KVEventBatches() || store.Blocks(i, kvevents.MediumGPU) != e.srv.CachedBlocks() {

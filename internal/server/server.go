@@ -104,6 +104,7 @@ type Server struct {
 	URL, MetricsURL string
 
 	cfg     Config
+	core    *Core // the KV events' follower, for tests
 	log     *slog.Logger
 	api     *http.Server
 	metrics *http.Server
@@ -137,7 +138,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Fleet: fl, Router: rt, Proxy: px, cfg: cfg, log: log, errc: make(chan error, 3)}
+	s := &Server{Fleet: fl, Router: rt, Proxy: px, cfg: cfg, core: core, log: log, errc: make(chan error, 3)}
 	scheme := "http"
 	if cfg.MaxConns > 0 {
 		ln = limitListener(ln, cfg.MaxConns)
