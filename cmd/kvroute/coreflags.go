@@ -32,6 +32,7 @@ func (c coreFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.fleet.Timeout, "probe-timeout", fleet.DefaultTimeout, "limit of each /health, /metrics and /v1/models probe (llama-server answers /metrics only between batches: give it seconds on CPUs)")
 	fs.Float64Var(&c.router.KVRoute.LoadFactor, "load-factor", 2, "kvroute: no backend takes more than this × the mean in-flight requests (+4)")
 	fs.IntVar(&c.router.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
+	fs.BoolVar(&c.router.KVRoute.FullScan, "full-scan", false, "kvroute: score every backend on every pick, not only the prefix holders and the 16 least loaded (above 64 backends; the pick's cost then grows with the fleet)")
 	fs.Uint64Var(&c.router.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
 	objectiveFlag(fs, &c.router.KVRoute.Objective)
 	fs.Func("goodput", "kvroute --objective goodput: the joint objective it serves, ttft=DURATION,tpot=DURATION (e.g. ttft=2s,tpot=50ms)", func(v string) error {

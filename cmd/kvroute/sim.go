@@ -64,6 +64,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 		sf.cfg.SLO, err = results.ParseSLO(v)
 		return err
 	})
+	fs.BoolVar(&sf.cfg.FullScan, "full-scan", false, "kvroute scores every server on every pick instead of the few that can win (to measure what pruning changes)")
 	fs.BoolVar(&sf.cfg.Text, "text", false, "traces: render prompts as text and tokenize them, as the live bench does (slower)")
 	fs.IntVar(&sf.cfg.KeepRequests, "keep-requests", 100_000, "per-request results kept in results.json (an even sample beyond; -1: all)")
 	fs.DurationVar(&sf.find.SLO, "slo-ttft-p99", 0, "p99 TTFT objective for --find-backends (e.g. 2s)")

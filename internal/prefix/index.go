@@ -65,13 +65,38 @@ type Index struct {
 	tiers  [][]lru // per tier, per backend
 	// capacities are each tier's capacity for a backend Grow adds.
 	capacities []int
+	// held finds a hot block's holder by (block, backend, tier) (pairKey):
+	// a system prompt's first block is held by every backend in every
+	// tier, and at ten thousand backends a scan of its holders for each
+	// refresh, forget or match of one backend costs more than the rest of
+	// a decision. Only hot blocks are in it: one entry per holder of
+	// every block would double the index's memory for blocks one or two
+	// backends hold.
+	held hashtab.Table
+	bis  []int32 // MatchFew's scratch
+	// more are the holder lists of blocks with more than two holders;
+	// spare lists those not in use, with their memory.
+	more  [][]holder
+	spare []int32
 }
 
-// block is one prompt block and the backends holding it.
+// block is one prompt block and the backends holding it: up to two in the
+// block itself (most blocks are held by one backend, in both tiers), more
+// in a list of Index.more. Blocks hold no pointers: at ten thousand
+// backends there are tens of millions of them, and a holder list each
+// doubled their memory and gave the garbage collector all of it to scan.
 type block struct {
-	hash    uint64
-	holders []holder
+	hash   uint64
+	inline [2]holder
+	more   int32 // 1 + its list in Index.more; 0: the holders are inline
+	n      uint8 // inline holders
+	hot    bool  // its holders are in Index.held
 }
+
+// A block becomes hot with more than hotHolders holders, and cold again
+// with fewer than half as many (not at the same count, so that a block
+// around the threshold does not move in and out of held).
+const hotHolders = 16
 
 type holder struct {
 	backend int32
@@ -207,7 +232,7 @@ func (ix *Index) Match(hashes []uint64, matched ...[]int) int {
 			break
 		}
 		alive := false
-		for _, hd := range ix.blocks[bi].holders {
+		for _, hd := range ix.holders(bi) {
 			if int(hd.tier) >= len(matched) {
 				continue
 			}
@@ -254,11 +279,8 @@ func (ix *Index) ForgetTier(t, backend int, hashes []uint64, from int) {
 		if !ok {
 			continue
 		}
-		for _, hd := range ix.blocks[bi].holders {
-			if int(hd.backend) == backend && int(hd.tier) == t {
-				ix.remove(t, backend, hd.node)
-				break
-			}
+		if n, ok := ix.holds(bi, backend, t); ok {
+			ix.remove(t, backend, n)
 		}
 	}
 }
@@ -283,23 +305,57 @@ func (ix *Index) touch(backend int, h uint64) {
 		n := l.alloc(bi)
 		l.pushHead(n)
 		l.size++
-		b := &ix.blocks[bi]
-		l.nodes[n].slot = int32(len(b.holders))
-		b.holders = append(b.holders, holder{backend: int32(backend), tier: int32(t), node: n})
+		l.nodes[n].slot = ix.addHolder(bi, holder{backend: int32(backend), tier: int32(t), node: n})
+		switch {
+		case ix.blocks[bi].hot:
+			ix.held.Insert(ix.pairKey(bi, backend, t), n)
+		case len(ix.holders(bi)) > hotHolders:
+			ix.setHot(bi, true)
+		}
 	}
 }
 
 // refresh moves block bi to the head of l, backend's list in tier t, and
 // reports whether the backend held it there.
 func (ix *Index) refresh(l *lru, bi int32, backend, t int) bool {
-	for _, hd := range ix.blocks[bi].holders {
+	n, ok := ix.holds(bi, backend, t)
+	if ok {
+		l.unlink(n)
+		l.pushHead(n)
+	}
+	return ok
+}
+
+// holds returns the node of block bi in backend's list of tier t, if it
+// holds it there.
+func (ix *Index) holds(bi int32, backend, t int) (int32, bool) {
+	if ix.blocks[bi].hot {
+		return ix.held.Get(ix.pairKey(bi, backend, t))
+	}
+	for _, hd := range ix.holders(bi) {
 		if int(hd.backend) == backend && int(hd.tier) == t {
-			l.unlink(hd.node)
-			l.pushHead(hd.node)
-			return true
+			return hd.node, true
 		}
 	}
-	return false
+	return 0, false
+}
+
+// pairKey names (block bi, backend, tier t) in held.
+func (ix *Index) pairKey(bi int32, backend, t int) uint64 {
+	return uint64(bi)<<32 | uint64(backend*len(ix.tiers)+t)
+}
+
+// setHot puts every holder of block bi into held, or takes them out.
+func (ix *Index) setHot(bi int32, hot bool) {
+	ix.blocks[bi].hot = hot
+	for _, hd := range ix.holders(bi) {
+		k := ix.pairKey(bi, int(hd.backend), int(hd.tier))
+		if hot {
+			ix.held.Insert(k, hd.node)
+		} else {
+			ix.held.Delete(k)
+		}
+	}
 }
 
 // newBlock returns the index of a block for h that no backend holds,
@@ -309,7 +365,7 @@ func (ix *Index) newBlock(h uint64) int32 {
 	if n := len(ix.unused); n > 0 {
 		bi = ix.unused[n-1]
 		ix.unused = ix.unused[:n-1]
-		ix.blocks[bi].hash = h
+		ix.blocks[bi] = block{hash: h}
 	} else {
 		bi = int32(len(ix.blocks))
 		ix.blocks = append(ix.blocks, block{hash: h})
@@ -328,22 +384,73 @@ func (ix *Index) remove(t, backend int, n int32) {
 	l := &ix.tiers[t][backend]
 	bi, i := l.nodes[n].b, l.nodes[n].slot
 	b := &ix.blocks[bi]
+	if b.hot {
+		ix.held.Delete(ix.pairKey(bi, backend, t))
+	}
 	l.unlink(n)
 	l.release(n)
 	l.size--
 	// The last holder takes the removed one's slot (a shared prefix's
 	// block has a holder per backend and tier: no scan for it).
-	last := int32(len(b.holders) - 1)
+	hs := ix.holders(bi)
+	last := int32(len(hs) - 1)
 	if i != last {
-		moved := b.holders[last]
-		b.holders[i] = moved
+		moved := hs[last]
+		hs[i] = moved
 		ix.tiers[moved.tier][moved.backend].nodes[moved.node].slot = i
 	}
-	b.holders = b.holders[:last]
-	if len(b.holders) == 0 {
+	if b.more > 0 {
+		ix.more[b.more-1] = hs[:last]
+	} else {
+		b.n--
+	}
+	if b.hot && last < hotHolders/2 {
+		ix.setHot(bi, false)
+	}
+	if last == 0 {
+		if b.more > 0 {
+			ix.spare = append(ix.spare, b.more-1)
+			b.more = 0
+		}
 		ix.byHash.Delete(b.hash)
 		ix.unused = append(ix.unused, bi)
 	}
+}
+
+// holders returns block bi's holders, in place: valid until the next
+// change of the index.
+func (ix *Index) holders(bi int32) []holder {
+	b := &ix.blocks[bi]
+	if b.more > 0 {
+		return ix.more[b.more-1]
+	}
+	return b.inline[:b.n]
+}
+
+// addHolder adds h to block bi's holders and returns its slot there. A
+// third holder moves the block's holders to a list of their own.
+func (ix *Index) addHolder(bi int32, h holder) int32 {
+	b := &ix.blocks[bi]
+	if b.more == 0 && int(b.n) < len(b.inline) {
+		b.inline[b.n] = h
+		b.n++
+		return int32(b.n - 1)
+	}
+	if b.more == 0 {
+		var k int32
+		if n := len(ix.spare); n > 0 {
+			k = ix.spare[n-1]
+			ix.spare = ix.spare[:n-1]
+		} else {
+			k = int32(len(ix.more))
+			ix.more = append(ix.more, nil)
+		}
+		ix.more[k] = append(ix.more[k][:0], b.inline[:b.n]...)
+		b.more, b.n = k+1, 0
+	}
+	l := &ix.more[b.more-1]
+	*l = append(*l, h)
+	return int32(len(*l) - 1)
 }
 
 func (l *lru) alloc(b int32) int32 {

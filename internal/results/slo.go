@@ -84,30 +84,49 @@ func (sum *Summary) ApplySLO(results []Result, slo SLO) {
 	if slo.IsZero() {
 		return
 	}
-	out := &SLOSummary{SLO: slo}
-	var ttft, tpot, failed int
+	var c sloCount
 	for i := range results {
-		r := &results[i]
-		switch {
-		case r.Err != nil || r.Error != "":
-			failed++
-			continue
-		case slo.Meets(r):
-			out.Met++
-		}
-		if slo.TTFT > 0 && r.TTFT > slo.TTFT {
-			ttft++
-		}
-		if slo.TPOT > 0 && r.ITL > slo.TPOT {
-			tpot++
-		}
+		c.add(slo, &results[i])
 	}
-	if n := float64(len(results)); n > 0 {
-		out.Goodput = float64(out.Met) / n
-		out.TTFTMissed, out.TPOTMissed, out.Rejected = float64(ttft)/n, float64(tpot)/n, float64(failed)/n
+	sum.SLO = c.summary(slo, sum.Span)
+}
+
+// sloCount counts requests against an objective one at a time, so that a
+// Summarizer gives the same SLOSummary as ApplySLO without the results.
+type sloCount struct {
+	n, met, ttft, tpot, failed int
+}
+
+func (c *sloCount) add(slo SLO, r *Result) {
+	c.n++
+	switch {
+	case r.Err != nil || r.Error != "":
+		c.failed++
+		return
+	case slo.Meets(r):
+		c.met++
 	}
-	if sum.Span > 0 {
-		out.GoodputRate = float64(out.Met) / sum.Span.Seconds()
+	if slo.TTFT > 0 && r.TTFT > slo.TTFT {
+		c.ttft++
 	}
-	sum.SLO = out
+	if slo.TPOT > 0 && r.ITL > slo.TPOT {
+		c.tpot++
+	}
+}
+
+// summary returns the counts as fractions of the requests, and the goodput
+// per second of span; nil for a zero objective.
+func (c *sloCount) summary(slo SLO, span time.Duration) *SLOSummary {
+	if slo.IsZero() {
+		return nil
+	}
+	out := &SLOSummary{SLO: slo, Met: c.met}
+	if n := float64(c.n); n > 0 {
+		out.Goodput = float64(c.met) / n
+		out.TTFTMissed, out.TPOTMissed, out.Rejected = float64(c.ttft)/n, float64(c.tpot)/n, float64(c.failed)/n
+	}
+	if span > 0 {
+		out.GoodputRate = float64(c.met) / span.Seconds()
+	}
+	return out
 }

@@ -67,74 +67,118 @@ type Summary struct {
 // CachedTokens their backend reported: how often the policy knew, to the
 // block, what the chosen backend had cached.
 func PredictionAccuracy(rs []Result, blockSize int) float64 {
-	if blockSize <= 0 {
-		return 0
-	}
-	ok, right := 0, 0
+	var c predictionCount
 	for i := range rs {
-		if rs[i].Status != 200 {
-			continue
-		}
-		ok++
-		if rs[i].PredictedCached/blockSize == rs[i].CachedTokens/blockSize {
-			right++
-		}
+		c.add(blockSize, &rs[i])
 	}
-	if ok == 0 {
+	return c.share()
+}
+
+// predictionCount counts successful requests and those predicted to the
+// block, one at a time (PredictionAccuracy).
+type predictionCount struct{ ok, right int }
+
+func (c *predictionCount) add(blockSize int, r *Result) {
+	if blockSize <= 0 || r.Status != 200 {
+		return
+	}
+	c.ok++
+	if r.PredictedCached/blockSize == r.CachedTokens/blockSize {
+		c.right++
+	}
+}
+
+func (c *predictionCount) share() float64 {
+	if c.ok == 0 {
 		return 0
 	}
-	return float64(right) / float64(ok)
+	return float64(c.right) / float64(c.ok)
 }
 
 // Summarize aggregates results.
 func Summarize(name string, results []Result) Summary {
-	s := Summary{Name: name, Requests: len(results)}
-	var ttft, e2e, itl, server, faultTTFT []time.Duration
-	first, last := time.Duration(-1), time.Duration(0)
-	for _, r := range results {
-		if first < 0 || r.Sent < first {
-			first = r.Sent
-		}
-		last = max(last, r.Sent+r.E2E)
-		if r.InFault {
-			s.FaultRequests++
-		}
-		if r.Err != nil || r.Error != "" {
-			s.Errors++
-			switch {
-			case r.CutWithEvent:
-				s.CutWithEvent++
-			case r.CutSilent:
-				s.CutSilent++
-			default:
-				// Unclassified failures (results written before the
-				// classification existed) count as lost: no usable answer.
-				s.Lost++
-			}
-			continue
-		}
-		ttft = append(ttft, r.TTFT)
-		if r.InFault {
-			faultTTFT = append(faultTTFT, r.TTFT)
-		}
-		e2e = append(e2e, r.E2E)
-		if r.ITL > 0 {
-			itl = append(itl, r.ITL)
-		}
-		if r.ServerTTFT > 0 {
-			server = append(server, r.ServerTTFT)
-		}
-		s.PromptTokens += r.PromptTokens
-		s.CachedTokens += r.CachedTokens
-		s.CompletionTokens += r.CompletionTokens
+	var a Summarizer
+	for i := range results {
+		a.Add(&results[i])
 	}
-	s.TTFTP50, s.TTFTP99 = Percentile(ttft, 0.50), Percentile(ttft, 0.99)
-	s.E2EP50, s.E2EP99 = Percentile(e2e, 0.50), Percentile(e2e, 0.99)
-	s.ITLP50, s.ITLP99 = Percentile(itl, 0.50), Percentile(itl, 0.99)
-	s.ServerTTFTP50, s.ServerTTFTP99 = Percentile(server, 0.50), Percentile(server, 0.99)
-	s.FaultTTFTP99 = Percentile(faultTTFT, 0.99)
-	if first >= 0 {
-		s.Span = last - first
+	return a.Summary(name)
+}
+
+// Summarizer aggregates results one at a time, in memory that does not grow
+// with their number beyond ExactLimit (see Latencies): a simulation of ten
+// million requests summarises them as they end instead of keeping them. The
+// zero value is ready to use. Not safe for concurrent use.
+type Summarizer struct {
+	// BlockSize, when positive, makes the Summary's PredictionAccuracy
+	// that of every result added, to blocks of BlockSize tokens; SLO, when
+	// not zero, its SLO (as ApplySLO). Set them before the first Add.
+	BlockSize int
+	SLO       SLO
+
+	s                                 Summary
+	ttft, e2e, itl, server, faultTTFT Latencies
+	first, last                       time.Duration
+	seen                              bool
+	predicted                         predictionCount
+	slo                               sloCount
+}
+
+// Add counts r.
+func (a *Summarizer) Add(r *Result) {
+	s := &a.s
+	s.Requests++
+	a.predicted.add(a.BlockSize, r)
+	if !a.SLO.IsZero() {
+		a.slo.add(a.SLO, r)
+	}
+	if !a.seen || r.Sent < a.first {
+		a.first, a.seen = r.Sent, true
+	}
+	a.last = max(a.last, r.Sent+r.E2E)
+	if r.InFault {
+		s.FaultRequests++
+	}
+	if r.Err != nil || r.Error != "" {
+		s.Errors++
+		switch {
+		case r.CutWithEvent:
+			s.CutWithEvent++
+		case r.CutSilent:
+			s.CutSilent++
+		default:
+			// Unclassified failures (results written before the
+			// classification existed) count as lost: no usable answer.
+			s.Lost++
+		}
+		return
+	}
+	a.ttft.Add(r.TTFT)
+	if r.InFault {
+		a.faultTTFT.Add(r.TTFT)
+	}
+	a.e2e.Add(r.E2E)
+	if r.ITL > 0 {
+		a.itl.Add(r.ITL)
+	}
+	if r.ServerTTFT > 0 {
+		a.server.Add(r.ServerTTFT)
+	}
+	s.PromptTokens += r.PromptTokens
+	s.CachedTokens += r.CachedTokens
+	s.CompletionTokens += r.CompletionTokens
+}
+
+// Summary returns the aggregate of the results added so far, named name.
+func (a *Summarizer) Summary(name string) Summary {
+	s := a.s
+	s.Name = name
+	s.TTFTP50, s.TTFTP99 = a.ttft.Quantile(0.50), a.ttft.Quantile(0.99)
+	s.E2EP50, s.E2EP99 = a.e2e.Quantile(0.50), a.e2e.Quantile(0.99)
+	s.ITLP50, s.ITLP99 = a.itl.Quantile(0.50), a.itl.Quantile(0.99)
+	s.ServerTTFTP50, s.ServerTTFTP99 = a.server.Quantile(0.50), a.server.Quantile(0.99)
+	s.FaultTTFTP99 = a.faultTTFT.Quantile(0.99)
+	if a.seen {
+		s.Span = a.last - a.first
 	}
 	if s.Span > 0 {
 		s.OutputTokensPerSec = float64(s.CompletionTokens) / s.Span.Seconds()
@@ -142,6 +186,8 @@ func Summarize(name string, results []Result) Summary {
 	if s.PromptTokens > 0 {
 		s.HitRate = float64(s.CachedTokens) / float64(s.PromptTokens)
 	}
+	s.PredictionAccuracy = a.predicted.share()
+	s.SLO = a.slo.summary(a.SLO, s.Span)
 	return s
 }
 

@@ -83,6 +83,9 @@ type KVRoute struct {
 	arrivals  float64
 	arrivedAt time.Time
 
+	// prune keeps the backends ordered by load for pruned picks.
+	prune pruner
+
 	scratch sync.Pool // *pickScratch
 	// width is how many backend indexes the per-backend state has room
 	// for (SetBackends grows it); scratch taken from the pool is resized
@@ -138,6 +141,14 @@ type KVRouteConfig struct {
 	// serves.
 	Objective Objective
 	SLO       SLO
+	// FullScan scores every candidate on every pick, as kvroute did
+	// before it pruned (kvroute_prune.go): the pick's cost then grows with
+	// the fleet. PruneLeast and PruneHolders size the pruned set: the
+	// least loaded candidates and the deepest prefix holders it scores
+	// (defaults 16 and 16); fleets of up to twice their sum are scanned
+	// whole.
+	FullScan                 bool
+	PruneLeast, PruneHolders int
 }
 
 func (c KVRouteConfig) withDefaults() KVRouteConfig {
@@ -158,6 +169,12 @@ func (c KVRouteConfig) withDefaults() KVRouteConfig {
 	}
 	if c.Objective == "" {
 		c.Objective = Objectives()[0]
+	}
+	if c.PruneLeast <= 0 {
+		c.PruneLeast = defaultPruneLeast
+	}
+	if c.PruneHolders <= 0 {
+		c.PruneHolders = defaultPruneHolders
 	}
 	if c.DefaultKVTokens <= 0 {
 		c.DefaultKVTokens = 400_000
@@ -199,6 +216,7 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 	}
 	p.index = prefix.NewTiered(n, p.blocksFor(cfg.DefaultKVTokens), recentFactor*p.blocksFor(cfg.DefaultKVTokens))
 	p.learner.init(n)
+	p.prune.setBackends(backends)
 	p.width.Store(int64(n))
 	p.scratch.New = func() any {
 		n := p.width.Load()
@@ -216,6 +234,7 @@ func (p *KVRoute) SetBackends(backends []*fleet.Backend) {
 		n = max(n, b.Index+1)
 	}
 	gone := p.learner.setBackends(backends)
+	p.prune.setBackends(backends)
 	p.index.Grow(n)
 	for _, i := range gone {
 		p.index.Clear(i)
@@ -273,8 +292,10 @@ type pickScratch struct {
 	cand    []candidate
 	events  []KVState // by candidate, when Events is set
 	stream  streamCost
-	tpot    []float64 // the stream's per-token time, by candidate (goodput)
-	pushed  []float64 // streams pushed over the objective, by candidate (goodput)
+	tpot    []float64        // the stream's per-token time, by candidate (goodput)
+	pushed  []float64        // streams pushed over the objective, by candidate (goodput)
+	few     []int32          // a pruned pick's backends, by index
+	sub     []*fleet.Backend // and as candidates
 }
 
 // blocksFor converts a KV capacity in tokens into index blocks.
@@ -293,7 +314,8 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		s.matched, s.recent = make([]int, n), make([]int, n)
 	}
 	s.hashes = req.prefixHashes(s.hashes[:0], p.cfg.BlockBytes)
-	longest := p.index.Match(s.hashes, s.matched, s.recent)
+	fleetSize := len(cands)
+	cands, longest, inFlight := p.match(s, req, cands) // all, or the few that can win (kvroute_prune.go)
 	if p.cfg.Events != nil {
 		s.events = slices.Grow(s.events[:0], len(cands))[:len(cands)]
 		p.cfg.Events.Match(req, cands, s.events)
@@ -312,7 +334,10 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		loads[i], s.peer[i] = p.load(b, now)
 		total += loads[i].Requests
 	}
-	bound := loadBound(p.cfg.LoadFactor, total, len(cands))
+	if inFlight >= 0 {
+		total = inFlight * int64(max(p.cfg.Replicas, 1))
+	}
+	bound := loadBound(p.cfg.LoadFactor, total, fleetSize)
 
 	nowS := now.Sub(p.epoch).Seconds()
 	p.mu.Lock()
@@ -334,7 +359,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	p.mu.Unlock()
 
 	cand, backlog := p.candidates(s, cands, ln, ratio, promptTokens, nowS)
-	penalty := missPenalty(p.cfg.MissPenalty, rate, len(cands), backlog)
+	penalty := missPenalty(p.cfg.MissPenalty, rate, fleetSize, backlog)
 	stream := p.stream(req, s, ln, promptTokens)
 	best, floor, floorTTFT := p.cost(cand, cands, loads, ln, penalty, bound, stream)
 	if math.IsInf(cand[best].cost, 1) {
@@ -382,6 +407,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		d.Reason = "least-cost"
 	}
 	p.index.Insert(chosen.Index, s.hashes)
+	p.prune.routed(chosen)
 	p.mu.Lock()
 	p.queue[chosen.Index] = drain{work: cb.queued + work, at: nowS}
 	pk.routed = p.shares[chosen.Index].routed

@@ -169,6 +169,7 @@ type picked struct {
 func (k *picked) done(o Outcome) {
 	p, b := k.policy, k.backend
 	stall := k.release()
+	p.prune.settle(b)
 	if o.Status == 0 || o.Status >= 500 {
 		// The backend never computed the prompt: take back what Pick told
 		// the index it would hold beyond what it held already.

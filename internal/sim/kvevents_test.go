@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/results"
 )
 
 // With the servers' KV events kvroute knows, to the block, what the server
@@ -37,4 +39,37 @@ func TestKVEventsPredictToTheBlock(t *testing.T) {
 		t.Fatalf("predicted to the block: %.3f with events, %.3f without; want ≥ 0.99 and better", with, without)
 	}
 	t.Logf("predicted to the block: %.3f with events, %.3f without", with, without)
+}
+
+// The report's prediction accuracy and goodput count every request, not
+// only the sample of results a run keeps: a run that keeps 50 reports what
+// one that keeps all of them does, and what the kept results say.
+func TestSampledRunCountsEveryRequest(t *testing.T) {
+	slo := results.SLO{TTFT: 200 * time.Millisecond, TPOT: 30 * time.Millisecond}
+	cfg := Config{Workload: chatWorkload(t, 60), Backends: 3, Profile: profile(t), Policies: []string{"kvroute"},
+		Seed: 3, KVEvents: true, SLO: slo, KeepRequests: -1}
+	all, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.KeepRequests = 50
+	sampled, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, s := all.Runs[0], sampled.Runs[0]
+	if len(s.Requests) >= len(a.Requests) {
+		t.Fatalf("kept %d of %d results", len(s.Requests), len(a.Requests))
+	}
+	want := results.Summarize("kvroute", a.Requests)
+	want.ApplySLO(a.Requests, slo)
+	acc := results.PredictionAccuracy(a.Requests, cfg.Profile.BlockSize)
+	for name, got := range map[string]results.Summary{"all kept": a.Summary, "sampled": s.Summary} {
+		if got.PredictionAccuracy != acc || acc == 0 {
+			t.Errorf("%s: prediction accuracy %v, want %v", name, got.PredictionAccuracy, acc)
+		}
+		if got.SLO == nil || *got.SLO != *want.SLO || want.SLO.Met == 0 || want.SLO.Met == len(a.Requests) {
+			t.Errorf("%s: SLO %+v, want %+v (some met, some not)", name, got.SLO, want.SLO)
+		}
+	}
 }

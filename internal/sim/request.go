@@ -125,8 +125,7 @@ var errTooLong = errors.New("status 400: request longer than the model's context
 // the replica counts the request there, the server queues it.
 func (s *simulation) send(i int) {
 	ss := &s.sessions[i]
-	ref := s.order[i]
-	ws := &s.cfg.Workload.Sessions[ref.base]
+	ws := &s.cfg.Workload.Sessions[ss.base]
 	turn := &ws.Turns[ss.turn]
 	f := s.newFlight()
 	f.session, f.sent = int32(i), s.now
@@ -143,11 +142,11 @@ func (s *simulation) send(i int) {
 		f.rreq = router.Request{Model: s.cfg.Profile.Model,
 			SessionKey: ws.ID, Prompt: string(ss.conv.text), MaxTokens: turn.MaxTokens}
 	} else {
-		f.hashes = tokenHashes(f.hashes[:0], turn, ref.tile, bs)
+		f.hashes = tokenHashes(f.hashes[:0], turn, ss.tile, bs)
 		f.req.PromptLen, f.req.MaxTokens = turn.Tokens, turn.MaxTokens
 		key := ws.ID
 		if s.cfg.Tile > 1 {
-			key = fmt.Sprintf("%s/%d", ws.ID, ref.tile)
+			key = fmt.Sprintf("%s/%d", ws.ID, ss.tile)
 		}
 		f.rreq = router.Request{Model: s.cfg.Profile.Model,
 			SessionKey: key, MaxTokens: turn.MaxTokens, PromptTokens: turn.Tokens,
@@ -193,9 +192,13 @@ func (s *simulation) send(i int) {
 func tokenHashes(dst []uint64, t *workload.Turn, tile int32, blockSize int) []uint64 {
 	ids := t.Blocks
 	if tile > 0 {
+		// The salt reaches the low bits: HashBlockIDs multiplies an id by
+		// the trace's block tokens, which shifted a salt in the high bits
+		// (tile<<48) out, and at 512 tokens tiles 128 apart shared every
+		// prompt.
 		salted := make([]uint64, len(ids))
 		for j, id := range ids {
-			salted[j] = id ^ uint64(tile)<<48 ^ 0x5d1e00000000
+			salted[j] = id + uint64(tile)*0x9e3779b97f4a7c15
 		}
 		ids = salted
 	}
@@ -215,7 +218,7 @@ func tokenHashes(dst []uint64, t *workload.Turn, tile int32, blockSize int) []ui
 func (s *simulation) fail(f *flight, status int, err error) {
 	i := int(f.session)
 	ss := &s.sessions[i]
-	res := results.Result{Session: int(s.order[i].base), Turn: int(ss.turn), Status: status,
+	res := results.Result{Session: int(ss.base), Turn: int(ss.turn), Status: status,
 		Heavy: s.turnOf(i).Heavy, Sent: f.sent, Err: err, Error: err.Error()}
 	if f.t != nil {
 		res.Backend, res.Route = f.t.Backend.Name, f.t.Reason
@@ -238,7 +241,7 @@ func (s *simulation) finish(f *flight) {
 	i := int(f.session)
 	ss := &s.sessions[i]
 	res := results.Result{
-		Session: int(s.order[i].base), Turn: int(ss.turn), Heavy: s.turnOf(i).Heavy,
+		Session: int(ss.base), Turn: int(ss.turn), Heavy: s.turnOf(i).Heavy,
 		Backend: f.t.Backend.Name, Route: f.t.Reason, Status: http.StatusOK,
 		Sent: f.sent, TTFT: ttft, E2E: e2e, ServerTTFT: r.FirstToken - r.Arrival,
 		PromptTokens: r.PromptLen, CachedTokens: r.CachedTokens, CompletionTokens: r.Output,
@@ -266,7 +269,11 @@ func (s *simulation) finish(f *flight) {
 }
 
 func (s *simulation) record(r results.Result) {
-	s.results = append(s.results, r)
+	s.sum.Add(&r)
+	if s.keepAll || s.recorded%s.stride == 0 {
+		s.kept = append(s.kept, r)
+	}
+	s.recorded++
 	if s.progress != nil {
 		s.progress()
 	}

@@ -67,8 +67,9 @@ type Config struct {
 	// from one trace. Token mode only.
 	Tile int
 	// KeepRequests bounds the per-request results kept in each Run (an
-	// evenly spaced sample beyond it; the summary counts them all). Zero
-	// means 100,000; negative keeps all.
+	// evenly spaced sample beyond it; the summary counts them all, in memory
+	// that does not grow with them: results.Summarizer). Zero means 100,000;
+	// negative keeps all.
 	KeepRequests int
 	// BoundsLimit is the largest workload, in requests, for which the cache
 	// bounds are computed (they need every block of the run in memory).
@@ -98,6 +99,10 @@ type Config struct {
 	// Objective is kvroute's objective (router.KVRouteConfig.Objective);
 	// empty means its default. A policy named kvroute:OBJECTIVE overrides it.
 	Objective router.Objective
+	// FullScan makes kvroute score every server on every pick instead of
+	// the few that can win (router.KVRouteConfig.FullScan), to measure
+	// what pruning changes.
+	FullScan bool
 
 	stepwise bool // step every step (tests check that coasting changes nothing)
 }
@@ -185,7 +190,7 @@ func RunStats(ctx context.Context, cfg Config) (*results.Report, []Stats, error)
 				run.Requests[j].PromptBlocks, run.Requests[j].SequenceBlocks = nil, nil
 			}
 		}
-		run.Requests = sampleResults(run.Requests, cfg.KeepRequests)
+		run.Requests = sampleResults(run.Requests, cfg.KeepRequests) // after the bounds, which kept all
 		rep.Runs = append(rep.Runs, *run)
 		stats = append(stats, st)
 	}
@@ -271,20 +276,33 @@ type simulation struct {
 	replicas []*replica
 	split    *rand.Rand // the L4 balancer in front of the replicas
 
-	order    []sessionRef // open loop: sessions by start time
-	next     int          // next entry of order to start
+	order *order // sessions by start time
+	// sessions are the sessions started and not ended, in slots reused
+	// once they end (idle lists them): a run keeps the sessions in play,
+	// not every session of a ten-million-request workload.
 	sessions []session
+	idle     []int32
 	flights  []*flight
 	free     []int32
 	active   int // sessions started and not ended
 
-	results  []results.Result
-	events   int64
-	stepwise bool
-	progress func()
-	origin   time.Time
-	tokBuf   []int32
-	kv       *kvFeed // the servers' KV events; nil without Config.KVEvents
+	// sum summarises every result as it ends; kept are those the report
+	// lists: all of them (keepAll), or every stride-th.
+	sum      results.Summarizer
+	kept     []results.Result
+	keepAll  bool
+	stride   int
+	recorded int
+	// sampleEvery is the interval of the load samples, doubled (and the
+	// samples so far thinned) whenever a server has sampleCap of them.
+	sampleEvery time.Duration
+	sampleCap   int
+	events      int64
+	stepwise    bool
+	progress    func()
+	origin      time.Time
+	tokBuf      []int32
+	kv          *kvFeed // the servers' KV events; nil without Config.KVEvents
 }
 
 // sessionRef is one session of the (tiled) workload.
@@ -330,6 +348,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			Metrics: s.metricsFunc(rep),
 			Now:     s.clock,
 		}
+		opts.KVRoute.FullScan = cfg.FullScan
 		if !cfg.ReplicaUnaware {
 			opts.KVRoute.Replicas = cfg.Routers
 		}
@@ -342,8 +361,10 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		opts.KVRoute.SLO = router.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}
 		opts.KVRoute.Objective = cfg.Objective
 		// kvroute's prefix index need not be finer than the servers'
-		// blocks: a finer one only spends more work to say the same.
-		if b := cfg.Profile.BlockSize * router.TokenBytes; b > prefix.DefaultBlockBytes {
+		// blocks, nor than a trace's (prompts that share part of a trace
+		// block share all of it): a finer one only spends more work to say
+		// the same.
+		if b := max(cfg.Profile.BlockSize, traceBlock(cfg)) * router.TokenBytes; b > prefix.DefaultBlockBytes {
 			opts.KVRoute.BlockBytes = b
 		}
 		r, err := router.New(policy, rep.backends, opts)
@@ -353,11 +374,38 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		rep.router = r
 		s.replicas = append(s.replicas, rep)
 	}
-	s.order = sessionOrder(cfg)
-	s.sessions = make([]session, len(s.order))
-	// A million results grown by appending would be copied twice over.
-	s.results = make([]results.Result, 0, cfg.Tile*cfg.Workload.Requests())
+	s.order = newOrder(cfg)
+	total := cfg.Tile * cfg.Workload.Requests()
+	s.keepAll = withBounds || cfg.KeepRequests < 0 || total <= cfg.KeepRequests
+	s.stride = 1
+	if !s.keepAll {
+		s.stride = (total + cfg.KeepRequests - 1) / cfg.KeepRequests
+	}
+	// Every result is summarised as it ends, the kept ones and the rest:
+	// the report's prediction accuracy and goodput are over all of them.
+	s.sum.BlockSize, s.sum.SLO = cfg.Profile.BlockSize, cfg.SLO
+	s.sampleEvery = cfg.Sample
+	s.sampleCap = max(minSamples, sampleBudget/cfg.Backends) &^ 1 // even: see sample
 	return s, nil
+}
+
+// traceBlock returns the tokens of a block-described workload's blocks in
+// token mode, when every turn has the same and it is a whole number of the
+// servers' blocks; else 0.
+func traceBlock(cfg Config) int {
+	if !tokenMode(cfg) {
+		return 0
+	}
+	n := cfg.Workload.Sessions[0].Turns[0].BlockTokens
+	for i := range cfg.Workload.Sessions {
+		if cfg.Workload.Sessions[i].Turns[0].BlockTokens != n {
+			return 0
+		}
+	}
+	if n <= 0 || n%cfg.Profile.BlockSize != 0 {
+		return 0
+	}
+	return n
 }
 
 // clock is the policies' clock: virtual time, as a time.Time.
@@ -377,11 +425,11 @@ func (s *simulation) metricsFunc(rep *replica) func(*fleet.Backend) *fleet.Metri
 // run processes events until every session has ended.
 func (s *simulation) run(ctx context.Context) error {
 	if s.cfg.Users > 0 {
-		for range min(s.cfg.Users, len(s.order)) {
+		for range min(s.cfg.Users, s.order.total) {
 			s.startNext(0)
 		}
 	} else {
-		s.q.push(s.order[0].start, evSession, 0)
+		s.q.push(s.order.peek().start, evSession, 0)
 	}
 	for r := range s.replicas {
 		// Replicas scrape at staggered phases, as independent processes do.
@@ -401,8 +449,8 @@ func (s *simulation) run(ctx context.Context) error {
 		switch ev.kind {
 		case evSession:
 			s.startNext(s.now)
-			if s.next < len(s.order) {
-				s.q.push(s.order[s.next].start, evSession, 0)
+			if s.order.left() {
+				s.q.push(s.order.peek().start, evSession, 0)
 			}
 		case evSend:
 			s.send(int(ev.idx))
@@ -425,7 +473,7 @@ func (s *simulation) run(ctx context.Context) error {
 		case evSample:
 			s.sample()
 			if !s.done() {
-				s.q.push(s.now+s.cfg.Sample, evSample, 0)
+				s.q.push(s.now+s.sampleEvery, evSample, 0)
 			}
 		case evKVEvents:
 			s.kv.deliver(int(ev.idx))
@@ -436,18 +484,23 @@ func (s *simulation) run(ctx context.Context) error {
 
 // done reports whether nothing is left to happen but the periodic events.
 func (s *simulation) done() bool {
-	return s.next >= len(s.order) && s.active == 0
+	return !s.order.left() && s.active == 0
 }
 
 // startNext starts the next session of the workload at now (its first turn
 // after its think time).
 func (s *simulation) startNext(now time.Duration) {
-	if s.next >= len(s.order) {
+	if !s.order.left() {
 		return
 	}
-	i := s.next
-	s.next++
-	ref := s.order[i]
+	ref := s.order.pop()
+	i := len(s.sessions)
+	if n := len(s.idle); n > 0 {
+		i = int(s.idle[n-1])
+		s.idle = s.idle[:n-1]
+	} else {
+		s.sessions = append(s.sessions, session{})
+	}
 	s.sessions[i] = session{base: ref.base, tile: ref.tile}
 	if s.text {
 		s.sessions[i].conv = newConvo(&s.cfg.Workload.Sessions[ref.base])
@@ -465,6 +518,7 @@ func (s *simulation) turnOf(i int) *workload.Turn {
 // endSession ends session i at now; closed loop, its user starts another.
 func (s *simulation) endSession(i int) {
 	s.sessions[i].conv = nil
+	s.idle = append(s.idle, int32(i))
 	s.active--
 	if s.cfg.Users > 0 {
 		s.startNext(s.now)
@@ -571,21 +625,41 @@ func (s *simulation) gossip() {
 	}
 }
 
-// sample records every server's load.
+// sample records every server's load. Past sampleCap samples a server, it
+// keeps every other one and samples half as often from then on: a long run
+// at ten thousand servers would otherwise keep gigabytes of samples for a
+// chart of a few hundred points. The cap is even, so the sample just taken
+// (at an even position) is kept and the grid stays regular.
 func (s *simulation) sample() {
 	for i := range s.servers {
 		s.servers[i].eng.Settle(s.now)
 		st := s.servers[i].eng.Stats()
 		s.servers[i].samples = append(s.servers[i].samples, results.LoadSample{At: s.now, Running: st.Running, Waiting: st.Waiting, KVUsage: st.KVUsage})
 	}
+	if len(s.servers[0].samples) <= s.sampleCap {
+		return
+	}
+	for i := range s.servers {
+		ss := s.servers[i].samples
+		for j := 0; 2*j < len(ss); j++ {
+			ss[j] = ss[2*j]
+		}
+		s.servers[i].samples = ss[:(len(ss)+1)/2]
+	}
+	s.sampleEvery *= 2
 }
+
+// The load samples of all servers together stay under about sampleBudget
+// (32 bytes each), and each server keeps at least minSamples.
+const (
+	sampleBudget = 4 << 20
+	minSamples   = 256
+)
 
 // report builds the run's measurements.
 func (s *simulation) report(policy string) *results.Run {
-	run := &results.Run{Policy: policy, Requests: s.results}
-	run.Summary = results.Summarize(policy, s.results)
-	run.Summary.PredictionAccuracy = results.PredictionAccuracy(s.results, s.cfg.Profile.BlockSize)
-	run.Summary.ApplySLO(s.results, s.cfg.SLO)
+	run := &results.Run{Policy: policy, Requests: s.kept}
+	run.Summary = s.sum.Summary(policy)
 	busy := make([]time.Duration, len(s.servers))
 	run.Backends = make([]results.BackendSeries, len(s.servers))
 	for i := range s.servers {

@@ -281,3 +281,41 @@ func TestHotPrefixSpreadsWhenItsBackendSaturates(t *testing.T) {
 		t.Errorf("hit rate %.2f with one shared 10k-token prefix, want > 0.6 (%v)", run.Summary.HitRate, per)
 	}
 }
+
+// The lazy merge of tiles yields the sessions in sessionOrder's order.
+func TestOrderMatchesSort(t *testing.T) {
+	w := chatWorkload(t, 50)
+	slices.SortStableFunc(w.Sessions, func(a, b workload.Session) int { return cmpDuration(a.Start, b.Start) })
+	// Equal starts across sessions, to exercise the ties.
+	w.Sessions[3].Start = w.Sessions[2].Start
+	for _, tile := range []int{1, 2, 7} {
+		cfg := Config{Workload: w, Tile: tile}
+		want := sessionOrder(cfg)
+		o := newOrder(cfg)
+		var got []sessionRef
+		for o.left() {
+			got = append(got, o.pop())
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("tile %d: the merged order differs from the sorted one", tile)
+		}
+		if tile > 1 && o.list != nil {
+			t.Errorf("tile %d: a sorted workload was listed whole", tile)
+		}
+	}
+}
+
+// Tiles share no prompt block, however many there are (a salt the
+// block-id multiplication shifted out once made tiles 128 apart share all).
+func TestTilesShareNothing(t *testing.T) {
+	turn := &workload.Turn{Blocks: []uint64{1, 2, 3}, BlockTokens: 512, Tokens: 1536, MaxTokens: 16}
+	seen := map[uint64]int32{}
+	for tile := range int32(1000) {
+		for _, h := range tokenHashes(nil, turn, tile, 512) {
+			if other, ok := seen[h]; ok {
+				t.Fatalf("tiles %d and %d share block %#x", other, tile, h)
+			}
+			seen[h] = tile
+		}
+	}
+}
