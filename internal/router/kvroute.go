@@ -267,6 +267,7 @@ type candidate struct {
 	own    float64 // seconds of the request's own prefill there
 	ttft   float64 // predicted TTFT there, seconds
 	cost   float64 // what the choice minimises
+	stream float64 // of which the stream's price (kvroute_decode.go)
 }
 
 // arrivalRate returns the requests a second the policy has routed lately,
@@ -474,7 +475,8 @@ func (p *KVRoute) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.L
 				ttft += slotWait(loads[i].Requests, m.Slots, ln.life)
 			}
 		}
-		cost := ttft + penalty*c.own + st.cost(i, c, loads[i])
+		c.stream = st.cost(i, c, loads[i])
+		cost := ttft + penalty*c.own + c.stream
 		if float64(loads[i].Requests+1) > bound {
 			cost = math.Inf(1) // over the load bound: only if all are
 		}

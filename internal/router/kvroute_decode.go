@@ -204,6 +204,7 @@ type SLO struct {
 // top of this file); its zero value (the TTFT objective) adds nothing.
 type streamCost struct {
 	on      bool
+	others  bool      // price the delay to the streams in flight (one router only, see stream)
 	out     float64   // expected tokens of the stream
 	need    float64   // KV tokens the request will hold (prompt + a high quantile of its stream)
 	overlap float64   // tokens the streams it joins and its own decode together, at most
@@ -235,6 +236,9 @@ func (s *streamCost) cost(i int, c *candidate, l fleet.Load) float64 {
 		if y := s.slo.TPOT.Seconds(); y > 0 && s.fit.perToken(kv, n, s.shares[i]) <= y && per+c.own/s.overlap > y {
 			s.pushed[i] = n
 		}
+	}
+	if !s.others {
+		return s.out * per
 	}
 	return s.out*per + othersDelay(stalled(n, s.typical, s.inverse[i]), c.own, grow, s.overlap)
 }
@@ -320,6 +324,14 @@ func (p *KVRoute) stream(req *Request, s *pickScratch, ln *learned, promptTokens
 	}
 	est := p.outputs.expect(req)
 	st.on, st.fit, st.shares = true, &ln.decode, s.shares
+	// Behind replicas, each one's index knows only the prompts it routed,
+	// so the own prefill it predicts is off wherever another replica put
+	// a session's turns; the delay to the streams in flight multiplies
+	// that error by the fleet's whole count of them (scaled or reported),
+	// and it moved turns off their cache (chat, 16 backends, 4 replicas
+	// with shared counts: 69 % of prompt tokens cached with it, 77 %
+	// without; docs/BENCHMARKS.md, Router replicas).
+	st.others = p.cfg.Replicas <= 1
 	if p.cfg.Objective == ObjectiveGoodput {
 		st.slo = &p.cfg.SLO
 		st.tpot = slices.Grow(s.tpot[:0], len(s.shares))[:len(s.shares)]

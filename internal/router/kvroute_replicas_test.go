@@ -65,3 +65,32 @@ func TestPeerLoadStopsHerding(t *testing.T) {
 }
 
 func first(l fleet.Load, _ peerPrefill) fleet.Load { return l }
+
+// Placement compares costs without the stream's price, which replicas
+// estimate from counts that differ between them: a backend dearer only by
+// its stream stays within the slack, and one dearer by its prefill does
+// not, whatever the hash says.
+func TestPlacementLeavesOutTheStream(t *testing.T) {
+	cands := []*fleet.Backend{fleet.NewBackend(0, "a", nil), fleet.NewBackend(1, "b", nil)}
+	for _, tc := range []struct {
+		name string
+		cand []candidate
+		want int
+	}{
+		{"dearer by the stream", []candidate{{cost: 0.3}, {cost: 2.3, stream: 2.05}}, -1}, // both placeable: the hash decides
+		{"dearer by the prefill", []candidate{{cost: 0.3}, {cost: 0.6}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			picks := map[int]bool{}
+			for key := uint64(1); key < 64; key += 2 {
+				picks[placeByKey(tc.cand, cands, 0, key)] = true
+			}
+			switch {
+			case tc.want < 0 && len(picks) != 2:
+				t.Errorf("placed on %v over 32 keys, want both", picks)
+			case tc.want >= 0 && (len(picks) != 1 || !picks[tc.want]):
+				t.Errorf("placed on %v over 32 keys, want only %d", picks, tc.want)
+			}
+		})
+	}
+}

@@ -12,9 +12,7 @@ import (
 // sharing their in-flight counts every 100 ms (as `serve --peer` does)
 // keeps bursts that each replica sees a quarter of from herding, so the
 // TTFT tail is shorter than when each replica scales its own counts, and
-// the prompts stay as cached. (On the TTFT objective: the e2e objective
-// behind replicas keeps fewer prompts cached, with or without shared
-// counts, and is being reworked.)
+// the prompts stay as cached.
 func TestGossipShortensTheTail(t *testing.T) {
 	w, err := workload.Load("chat", workload.Options{Rate: 17, Duration: 20 * time.Second, Seed: 1})
 	if err != nil {
@@ -23,7 +21,7 @@ func TestGossipShortensTheTail(t *testing.T) {
 	run := func(gossip time.Duration) (p99 time.Duration, hit float64) {
 		res, err := Run(context.Background(), Config{
 			Workload: w,
-			Backends: 16, Routers: 4, Gossip: gossip, Profile: profile(t), Policies: []string{"kvroute:ttft"}, Seed: 1,
+			Backends: 16, Routers: 4, Gossip: gossip, Profile: profile(t), Policies: []string{"kvroute"}, Seed: 1,
 		})
 		if err != nil {
 			t.Fatal(err)
