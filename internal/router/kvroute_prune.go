@@ -37,7 +37,12 @@ func (c KVRouteConfig) pruning(n int) bool {
 // candidates it returns: all of cands after a full match, or, when pruning,
 // the few that can win. It returns the longest match in the index among
 // them, and the requests in flight on the whole fleet as the pruner counts
-// them (-1 for a full scan, which sums them itself).
+// them (-1 for a full scan, which sums them itself). The holders come from
+// the index, not the engines' KV events (Events matches only the
+// candidates it is given): a backend whose events say it holds a prefix
+// the index has forgotten is scored only if it is among the least loaded.
+// With router replicas the count is this replica's, scaled by Replicas,
+// where a full scan adds what peers report.
 func (p *KVRoute) match(s *pickScratch, req *Request, cands []*fleet.Backend) ([]*fleet.Backend, int, int64) {
 	if !p.cfg.pruning(len(cands)) {
 		return cands, p.index.Match(s.hashes, s.matched, s.recent), -1
