@@ -59,7 +59,7 @@ func (p *KVRoute) match(s *pickScratch, req *Request, cands []*fleet.Backend) ([
 	pr.mu.Lock()
 	at := pr.positions(req.Model, cands)
 	s.few = pr.least(s.few[:0], cands, at, p.cfg.PruneLeast)
-	if session >= 0 && at.find(cands, int(session)) >= 0 {
+	if session >= 0 && !slices.Contains(s.few, session) && at.find(cands, int(session)) >= 0 {
 		s.few = append(s.few, session)
 	}
 	total := pr.total
