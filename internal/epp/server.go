@@ -2,7 +2,6 @@ package epp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -61,8 +60,7 @@ type Server struct {
 	health  *health.Server
 	metrics *http.Server
 	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	errc    chan error
+	run     *server.Group
 	once    sync.Once
 }
 
@@ -109,7 +107,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Fleet: fl, Router: rt, Picker: pk, Addr: ln.Addr().String(), errc: make(chan error, 3)}
+	s := &Server{Fleet: fl, Router: rt, Picker: pk, Addr: ln.Addr().String(), run: server.NewGroup(grpc.ErrServerStopped)}
 	var mln net.Listener
 	if cfg.MetricsListen != "" {
 		if mln, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
@@ -167,21 +165,10 @@ func (s *Server) setHealth(ready bool) {
 	}
 }
 
-func (s *Server) goRun(fn func() error) {
-	s.wg.Go(func() {
-		err := fn()
-		if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) &&
-			!errors.Is(err, context.Canceled) && !errors.Is(err, fleet.ErrRunning) {
-			select {
-			case s.errc <- err:
-			default:
-			}
-		}
-	})
-}
+func (s *Server) goRun(fn func() error) { s.run.Go(fn) }
 
 // Err receives the first error a listener or the fleet's loop failed with.
-func (s *Server) Err() <-chan error { return s.errc }
+func (s *Server) Err() <-chan error { return s.run.Err() }
 
 // Shutdown stops the picker: health answers NOT_SERVING, new streams are
 // refused, and the streams open (requests in flight, whose responses the
@@ -216,5 +203,5 @@ func (s *Server) stopRest() {
 		s.metrics.Close()
 	}
 	s.cancel()
-	s.wg.Wait()
+	s.run.Wait()
 }

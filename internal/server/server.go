@@ -10,7 +10,6 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -110,8 +109,7 @@ type Server struct {
 	api     *http.Server
 	metrics *http.Server
 	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	errc    chan error
+	run     *Group
 	once    sync.Once
 }
 
@@ -139,7 +137,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Fleet: fl, Router: rt, Proxy: px, Events: core.Events(), cfg: cfg, log: log, errc: make(chan error, 3)}
+	s := &Server{Fleet: fl, Router: rt, Proxy: px, Events: core.Events(), cfg: cfg, log: log, run: NewGroup()}
 	scheme := "http"
 	if cfg.MaxConns > 0 {
 		ln = limitListener(ln, cfg.MaxConns)
@@ -233,20 +231,10 @@ func withDefaults(cfg Config) Config {
 
 // goRun runs fn in a goroutine Close waits for; an error other than a
 // closed server's goes to Err.
-func (s *Server) goRun(fn func() error) {
-	s.wg.Go(func() {
-		err := fn()
-		if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, context.Canceled) && !errors.Is(err, fleet.ErrRunning) {
-			select {
-			case s.errc <- err:
-			default:
-			}
-		}
-	})
-}
+func (s *Server) goRun(fn func() error) { s.run.Go(fn) }
 
 // Err receives the first error a listener or the fleet's loop failed with.
-func (s *Server) Err() <-chan error { return s.errc }
+func (s *Server) Err() <-chan error { return s.run.Err() }
 
 // Shutdown drains the router and stops it, in phases, each logged:
 //  1. /readyz answers 503 at once, and requests are still accepted for
@@ -310,7 +298,7 @@ func (s *Server) stopRest() {
 		s.metrics.Close()
 	}
 	s.cancel()
-	s.wg.Wait()
+	s.run.Wait()
 }
 
 // limitListener accepts at most n connections open at once; the others
