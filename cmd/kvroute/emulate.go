@@ -77,7 +77,7 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 	fs.StringVar(&kvEvents.Endpoint, "kv-events-endpoint", "", "publish vLLM's KV events on this ZMQ PUB `ENDPOINT` (tcp://*:5557; replica i on port+i, as vLLM's data-parallel ranks; port 0: any); empty: none")
 	fs.StringVar(&kvEvents.Replay, "kv-events-replay-endpoint", "", "answer KV event replay requests on this ZMQ ROUTER `ENDPOINT` (tcp://*:5558; replica i on port+i)")
 	fs.StringVar(&kvEvents.Topic, "kv-events-topic", "", "topic of the KV event messages (vLLM's kv_events_config topic)")
-	fs.StringVar(&kvFormat, "kv-events-format", "map", "msgpack layout of the KV event batches: map (vLLM's current source) or array (array_like, as most vLLM releases and its subscriber example)")
+	fs.StringVar(&kvFormat, "kv-events-format", "map", "msgpack layout of the KV event batches: map (vLLM's current source), array (array_like, as most vLLM releases and its subscriber example) or sglang (SGLang's: array_like, one page per event, signed hashes)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute emulate [flags]\n\n"+
 			"Serves emulated vLLM servers: the OpenAI API (/v1/chat/completions, /v1/completions,\n"+

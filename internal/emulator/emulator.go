@@ -234,7 +234,7 @@ func New(cfg Config) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("emulator: kv events: %w", err)
 		}
-		s.kv = &kvEvents{pub: pub, tokens: s.callTokens, bsize: p.BlockSize}
+		s.kv = &kvEvents{pub: pub, tokens: s.callTokens, bsize: p.BlockSize, perPage: cfg.KVEvents.Format == kvevents.FormatSGLang}
 		eng.SetObserver(s.kv)
 	}
 	return s, nil

@@ -12,10 +12,12 @@ import (
 // blocks stored in a step one BlockStored (with their token ids and the
 // hash of the block before them), the blocks evicted one BlockRemoved.
 // Its observer methods run under Server.mu, inside the engine's calls.
+// As SGLang (perPage), each block stored or evicted is an event of its own.
 type kvEvents struct {
 	pub     *kvevents.Publisher
 	tokens  func(id uint64) []int32 // a request's sequence, prompt and output
 	bsize   int
+	perPage bool
 	pending []kvevents.Event
 	// lastReq and lastBlock are the request and block of the pending
 	// BlockStored at the end, which a next block of it extends.
@@ -32,7 +34,7 @@ func (k *kvEvents) Stored(r *engine.Request, i int) {
 		return // not a call of ours: it has no tokens
 	}
 	toks := seq[i*k.bsize : (i+1)*k.bsize]
-	if n := len(k.pending); n > 0 && k.pending[n-1].Kind == kvevents.BlockStored && k.lastReq == r.ID && k.lastBlock == i-1 {
+	if n := len(k.pending); !k.perPage && n > 0 && k.pending[n-1].Kind == kvevents.BlockStored && k.lastReq == r.ID && k.lastBlock == i-1 {
 		ev := &k.pending[n-1]
 		ev.Hashes = append(ev.Hashes, r.BlockHashes[i])
 		ev.Tokens = append(ev.Tokens, toks...)
@@ -49,7 +51,7 @@ func (k *kvEvents) Stored(r *engine.Request, i int) {
 
 // Evicted implements engine.BlockObserver.
 func (k *kvEvents) Evicted(hash uint64) {
-	if n := len(k.pending); n > 0 && k.pending[n-1].Kind == kvevents.BlockRemoved {
+	if n := len(k.pending); !k.perPage && n > 0 && k.pending[n-1].Kind == kvevents.BlockRemoved {
 		k.pending[n-1].Hashes = append(k.pending[n-1].Hashes, hash)
 		return
 	}

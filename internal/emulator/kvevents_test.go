@@ -46,11 +46,26 @@ func tokenize(t *testing.T, url string, body any) []int32 {
 // evicts the cache, the subscriber's state holds exactly the blocks the
 // engine holds; a prompt tokenized by /tokenize matches, block by block,
 // what the engine then reports cached; a restarted emulator's events clear
-// the state.
+// the state. It does so in each layout: vLLM's two and SGLang's (one page
+// per event), each with a replay socket, without which a router that joins
+// after the first batch can only know part of the state.
 func TestKVEventsEndToEnd(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		format kvevents.Format
+	}{
+		{"vllm map", kvevents.FormatMap},
+		{"vllm array", kvevents.FormatArray},
+		{"sglang", kvevents.FormatSGLang},
+	} {
+		t.Run(tt.name, func(t *testing.T) { testKVEventsEndToEnd(t, tt.format) })
+	}
+}
+
+func testKVEventsEndToEnd(t *testing.T, format kvevents.Format) {
 	cfg := Config{
 		Profile:  testProfile(t, func(p *engine.Profile) { p.NumGPUBlocks = 50 }), // evicts within the test
-		KVEvents: &kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", Topic: "kv"},
+		KVEvents: &kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", Topic: "kv", Format: format},
 	}
 	s, url := startServer(t, cfg, nil)
 	endpoint, replay := s.KVEventsAddr()
@@ -104,7 +119,7 @@ func TestKVEventsEndToEnd(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	cfg.KVEvents = &kvevents.PublisherConfig{Endpoint: endpoint, Replay: replay, Topic: "kv"}
+	cfg.KVEvents = &kvevents.PublisherConfig{Endpoint: endpoint, Replay: replay, Topic: "kv", Format: format}
 	s2, url2 := startServer(t, cfg, nil)
 	defer s2.Close()
 	waitFor(t, "the restarted engine's state", func() bool {

@@ -19,7 +19,9 @@ var ErrFormat = errors.New("kvevents: not a KV event batch")
 // them as msgspec Structs with omit_defaults and a tag on the events: for
 // most of its releases also array_like (FormatArray, what its subscriber
 // example decodes), in its current source without it, as maps
-// (FormatMap). Decode reads both; llm-d's simulator sends either.
+// (FormatMap). SGLang keeps its own copy of the declarations, array_like
+// with fewer fields (FormatSGLang). Decode reads all three; llm-d's
+// simulator sends either of vLLM's.
 type Format uint8
 
 const (
@@ -29,6 +31,12 @@ const (
 	// FormatArray: a batch is [ts, events, data_parallel_rank?], an event
 	// [tag, fields in declaration order...].
 	FormatArray
+	// FormatSGLang: as SGLang's kv_events.py declares them, array_like: a
+	// batch is [ts, events, attn_dp_rank], BlockStored [tag, block_hashes,
+	// parent_block_hash, token_ids, block_size, lora_id], BlockRemoved
+	// [tag, block_hashes]; hashes are signed int64s (the first eight bytes
+	// of its chained SHA-256), one page per event.
+	FormatSGLang
 )
 
 // ParseFormat reads a Format's name: "map" or "array".
@@ -38,8 +46,10 @@ func ParseFormat(s string) (Format, error) {
 		return FormatMap, nil
 	case "array":
 		return FormatArray, nil
+	case "sglang":
+		return FormatSGLang, nil
 	}
-	return 0, fmt.Errorf("kvevents: unknown format %q (map or array)", s)
+	return 0, fmt.Errorf("kvevents: unknown format %q (map, array or sglang)", s)
 }
 
 // The events' fields in vLLM's declaration order: an array-encoded event
@@ -351,13 +361,36 @@ func decodeTokens(d *decoder) ([]int32, error) {
 	}
 	ts := make([]int32, n)
 	for i := range ts {
-		t, err := d.DecodeInt64()
-		if err != nil {
+		if ts[i], err = decodeToken(d); err != nil {
 			return nil, err
 		}
-		ts[i] = int32(t)
 	}
 	return ts, nil
+}
+
+// decodeToken reads a token id, or a pair of them: SGLang's EAGLE bigram
+// pages list (token, next token) per position, whose first is the
+// position's token.
+func decodeToken(d *decoder) (int32, error) {
+	c, err := d.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	if !msgpcode.IsFixedArray(c) {
+		t, err := d.DecodeInt64()
+		return int32(t), err
+	}
+	n, err := d.arrayLen()
+	if err != nil || n == 0 {
+		return 0, cmp.Or(err, errors.New("an empty token pair"))
+	}
+	t, err := d.DecodeInt64()
+	for range n - 1 {
+		if err == nil {
+			err = d.Skip()
+		}
+	}
+	return int32(t), err
 }
 
 // Encode appends b to dst in format f, as vLLM's msgspec encoder writes it:
@@ -374,7 +407,7 @@ func Encode(dst []byte, b Batch, f Format) []byte {
 	if b.HasDPRank {
 		n = 3
 	}
-	if f == FormatArray {
+	if f != FormatMap {
 		_ = e.EncodeArrayLen(n)
 	} else {
 		_ = e.EncodeMapLen(n)
@@ -399,13 +432,17 @@ func Encode(dst []byte, b Batch, f Format) []byte {
 
 func encodeEvent(e *msgpack.Encoder, ev *Event, f Format) {
 	var fields []string
-	switch ev.Kind {
-	case BlockStored:
+	switch {
+	case ev.Kind == BlockStored && f == FormatSGLang:
+		fields = storedFields[:5] // through lora_id
+	case ev.Kind == BlockStored:
 		fields = storedFields[:7] // through lora_name
-	case BlockRemoved:
+	case ev.Kind == BlockRemoved && f == FormatSGLang:
+		fields = removedFields[:1]
+	case ev.Kind == BlockRemoved:
 		fields = removedFields[:2] // through medium
 	}
-	if f == FormatArray {
+	if f != FormatMap {
 		_ = e.EncodeArrayLen(1 + len(fields))
 	} else {
 		_ = e.EncodeMapLen(1 + len(fields))
@@ -416,11 +453,20 @@ func encodeEvent(e *msgpack.Encoder, ev *Event, f Format) {
 		if f == FormatMap {
 			_ = e.EncodeString(name)
 		}
-		encodeEventField(e, ev, name)
+		encodeEventField(e, ev, name, f == FormatSGLang)
 	}
 }
 
-func encodeEventField(e *msgpack.Encoder, ev *Event, name string) {
+// encodeEventField writes one field; signed writes hashes as int64s, as
+// SGLang's hash_str_to_int64 gives them.
+func encodeEventField(e *msgpack.Encoder, ev *Event, name string, signed bool) {
+	hash := func(h uint64) {
+		if signed {
+			_ = e.EncodeInt(int64(h))
+		} else {
+			_ = e.EncodeUint(h)
+		}
+	}
 	optInt := func(n int) {
 		if n == 0 {
 			_ = e.EncodeNil()
@@ -432,11 +478,11 @@ func encodeEventField(e *msgpack.Encoder, ev *Event, name string) {
 	case "block_hashes":
 		_ = e.EncodeArrayLen(len(ev.Hashes))
 		for _, h := range ev.Hashes {
-			_ = e.EncodeUint(h)
+			hash(h)
 		}
 	case "parent_block_hash":
 		if ev.HasParent {
-			_ = e.EncodeUint(ev.Parent)
+			hash(ev.Parent)
 		} else {
 			_ = e.EncodeNil()
 		}

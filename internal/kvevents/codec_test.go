@@ -84,6 +84,27 @@ var mapWant = Batch{TS: 2, DPRank: 1, HasDPRank: true, Events: []Event{
 	{Kind: BlockRemoved, Hashes: []uint64{200}, Medium: MediumGPU},
 }}
 
+// sglangFixture: SGLang's declarations (sglang/srt/disaggregation/
+// kv_events.py): array_like, BlockStored without medium, BlockRemoved with
+// its hashes only, hashes signed int64 (hash_str_to_int64), one page per
+// event, the batch's third field attn_dp_rank; the second page's token ids
+// as EAGLE bigram pairs.
+var sglangFixture = cat(
+	b(0x93), hexb("cb4008000000000000"), // 3.0
+	b(0x93),
+	b(0x96), fixstr("BlockStored"), b(0x91, 0xfb), b(0xc0), b(0x92, 0x01, 0x02), b(0x02), b(0xc0), // [-5], no parent, [1 2]
+	b(0x96), fixstr("BlockStored"), b(0x91), hexb("d38000000000000000"), b(0xfb), // [-2**63], parent -5
+	b(0x92, 0x92, 0x03, 0x04, 0x92, 0x04, 0x05), b(0x02), b(0xc0), // [(3,4) (4,5)]
+	b(0x92), fixstr("BlockRemoved"), b(0x91, 0xfb),
+	b(0x00), // attn_dp_rank 0
+)
+
+var sglangWant = Batch{TS: 3, HasDPRank: true, Events: []Event{
+	{Kind: BlockStored, Hashes: []uint64{1<<64 - 5}, Tokens: []int32{1, 2}, BlockSize: 2, Medium: MediumGPU},
+	{Kind: BlockStored, Hashes: []uint64{1 << 63}, Parent: 1<<64 - 5, HasParent: true, Tokens: []int32{3, 4}, BlockSize: 2, Medium: MediumGPU},
+	{Kind: BlockRemoved, Hashes: []uint64{1<<64 - 5}, Medium: MediumGPU},
+}}
+
 func TestDecode(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -93,6 +114,7 @@ func TestDecode(t *testing.T) {
 	}{
 		{name: "array_like", in: arrayFixture, want: arrayWant},
 		{name: "map", in: mapFixture, want: mapWant},
+		{name: "sglang", in: sglangFixture, want: sglangWant},
 		{name: "empty", in: nil, wantErr: true},
 		{name: "truncated", in: arrayFixture[:20], wantErr: true},
 		{name: "not a struct", in: b(0x05), wantErr: true},
@@ -139,6 +161,22 @@ func TestEncodeArrayBytes(t *testing.T) {
 	}
 }
 
+// TestEncodeSGLangBytes: SGLang's layout, written by hand (the fixture
+// without its bigram page).
+func TestEncodeSGLangBytes(t *testing.T) {
+	in := sglangWant
+	in.Events = []Event{in.Events[0], in.Events[2]}
+	want := cat(
+		b(0x93), hexb("cb4008000000000000"), b(0x92),
+		b(0x96), fixstr("BlockStored"), b(0x91, 0xfb), b(0xc0), b(0x92, 0x01, 0x02), b(0x02), b(0xc0),
+		b(0x92), fixstr("BlockRemoved"), b(0x91, 0xfb),
+		b(0x00),
+	)
+	if got := Encode(nil, in, FormatSGLang); !bytes.Equal(got, want) {
+		t.Fatalf("Encode =\n%x\nwant\n%x", got, want)
+	}
+}
+
 func TestRoundTrip(t *testing.T) {
 	in := Batch{TS: 1234.5, DPRank: 2, HasDPRank: true, Events: []Event{
 		{Kind: BlockStored, Hashes: []uint64{1 << 63, 42}, Tokens: []int32{1, 2, 3, 4}, BlockSize: 2, LoRAID: 3, LoRAName: "a", Medium: MediumGPU},
@@ -159,6 +197,7 @@ func TestRoundTrip(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	f.Add(arrayFixture)
 	f.Add(mapFixture)
+	f.Add(sglangFixture)
 	f.Fuzz(func(t *testing.T, in []byte) {
 		_, _ = Decode(in) // must not panic or hang
 	})

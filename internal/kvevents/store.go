@@ -175,7 +175,8 @@ func (s *Store) Reset(backend int, st State) {
 	defer s.mu.Unlock()
 	h := s.holdingsOf(backend)
 	h.clearMedia()
-	h.state, h.orphans = st, 0
+	// A restarted engine may use another block size: its first event says.
+	h.state, h.orphans, h.blockSize = st, 0, 0
 	s.summarize(h)
 }
 
@@ -232,7 +233,7 @@ func (s *Store) apply(h *holdings, e *Event) {
 	case AllBlocksCleared:
 		h.clearMedia()
 	case BlockStored:
-		if e.BlockSize > 0 && e.BlockSize != h.blockSize {
+		if e.BlockSize > 0 && e.BlockSize != h.blockSize && !h.tailPage(e) {
 			h.blockSize = e.BlockSize
 			s.summarize(h)
 		}
@@ -246,6 +247,14 @@ func (s *Store) apply(h *holdings, e *Event) {
 			m.remove(hash)
 		}
 	}
+}
+
+// tailPage reports whether e is one page shorter than the engine's
+// blocks: SGLang stores a radix node that ends between pages with a short
+// last page. The prompts stay matched in whole blocks; the short page is
+// kept, to be removed, but no prompt's chain names it.
+func (h *holdings) tailPage(e *Event) bool {
+	return len(e.Hashes) == 1 && e.BlockSize < h.blockSize
 }
 
 func (h *holdings) mediumOf(name string, key Key) *medium {

@@ -73,6 +73,59 @@ func TestStoreMatch(t *testing.T) {
 	}
 }
 
+// TestStoreSGLangPages follows SGLang's radix cache as its events tell it:
+// one event per page, chained by parent_block_hash; page size 1 (its
+// default); a node split announced as the node removed and its two halves
+// stored; a node that ends between pages with a short last page.
+func TestStoreSGLangPages(t *testing.T) {
+	page := func(hash, parent uint64, tokens ...int32) Event {
+		return Event{Kind: BlockStored, Hashes: []uint64{hash}, Parent: parent, HasParent: parent != 0,
+			Tokens: tokens, BlockSize: len(tokens), Medium: MediumGPU}
+	}
+	removed := func(hashes ...uint64) []Event {
+		var evs []Event
+		for _, h := range hashes {
+			evs = append(evs, Event{Kind: BlockRemoved, Hashes: []uint64{h}, Medium: MediumGPU})
+		}
+		return evs
+	}
+	prompt := []int32{5, 6, 7, 8}
+	t.Run("page size 1 and a split", func(t *testing.T) {
+		s := NewStore(KeyTokens)
+		s.Reset(0, Exact)
+		// A node [5 6 7 8], then split at 2 by a prompt [5 6 9]: the node
+		// is removed and stored again as [5 6] and [7 8], then [9] added.
+		node := []Event{page(11, 0, 5), page(12, 11, 6), page(13, 12, 7), page(14, 13, 8)}
+		s.Apply(0, &Batch{Events: node})
+		split := append(removed(11, 12, 13, 14), node...)
+		split = append(split, page(15, 12, 9))
+		s.Apply(0, &Batch{Events: split})
+		if _, bs, gpu, _ := s.Match(0, func(bs int) []uint64 { return TokenChain(nil, prompt, bs) }); bs != 1 || gpu != 4 {
+			t.Fatalf("after the split: block size %d, %d tokens matched; want 1, 4", bs, gpu)
+		}
+		if _, _, gpu, _ := s.Match(0, func(bs int) []uint64 { return TokenChain(nil, []int32{5, 6, 9}, bs) }); gpu != 3 {
+			t.Fatalf("the new branch matched %d tokens, want 3", gpu)
+		}
+		s.Apply(0, &Batch{Events: removed(13, 14)}) // the leaf [7 8] evicted
+		if _, _, gpu, _ := s.Match(0, func(bs int) []uint64 { return TokenChain(nil, prompt, bs) }); gpu != 2 || s.Blocks(0, MediumGPU) != 3 {
+			t.Fatalf("after evicting [7 8]: %d matched, %d held; want 2, 3", gpu, s.Blocks(0, MediumGPU))
+		}
+	})
+	t.Run("a short last page", func(t *testing.T) {
+		s := NewStore(KeyTokens)
+		s.Reset(0, Exact)
+		s.Apply(0, &Batch{Events: []Event{page(21, 0, 5, 6), page(22, 21, 7)}})
+		_, bs, gpu, _ := s.Match(0, func(bs int) []uint64 { return TokenChain(nil, prompt, bs) })
+		if bs != 2 || gpu != 1 {
+			t.Fatalf("block size %d, %d blocks matched; want 2 (the short page does not change it), 1", bs, gpu)
+		}
+		s.Apply(0, &Batch{Events: removed(22, 21)})
+		if n := s.Blocks(0, MediumGPU); n != 0 {
+			t.Fatalf("%d blocks left after removing both pages", n)
+		}
+	})
+}
+
 func TestStoreStates(t *testing.T) {
 	s := NewStore(KeyEngine)
 	keys := func(int) []uint64 { return []uint64{5, 6} }
