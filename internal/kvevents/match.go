@@ -111,6 +111,18 @@ func loraRoot(id int, name string) uint64 {
 	return xxhash.Sum64String(string(buf[:])+name) ^ rootKey
 }
 
+// TokenIDs converts token ids read as JSON numbers to the store's int32s
+// as the events' decoder does: a vocabulary's ids fit in 31 bits, but ids
+// up to 2^32 (llm-d's simulator hashes words into them) keep their 32 bits,
+// which is all TokenChain hashes.
+func TokenIDs(ids []int64) []int32 {
+	out := make([]int32, len(ids))
+	for i, id := range ids {
+		out[i] = int32(id)
+	}
+	return out
+}
+
 // TokenChain appends to dst the keys of the full blockSize blocks of
 // tokens, a base-model prompt: key i covers key i-1 and block i's token
 // ids, as the engines' own chains do.

@@ -14,6 +14,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/kvevents"
 )
 
 // Defaults for the tokenizer, flags of kvroute serve.
@@ -164,10 +165,10 @@ func (t *Tokenizer) ask(ctx context.Context, b *fleet.Backend, body []byte) ([]i
 		return nil, fmt.Errorf("kvevents: tokenize at %s: status %d", b.Name, resp.StatusCode)
 	}
 	var out struct {
-		Tokens []int32 `json:"tokens"`
+		Tokens []int64 `json:"tokens"`
 	}
 	if err := json.Unmarshal(data, &out); err != nil {
 		return nil, fmt.Errorf("kvevents: tokenize at %s: %w", b.Name, err)
 	}
-	return out.Tokens, nil
+	return kvevents.TokenIDs(out.Tokens), nil
 }
