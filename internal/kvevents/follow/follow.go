@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -74,8 +75,9 @@ type Follower struct {
 	mu   sync.Mutex
 	ctx  context.Context // the subscribers' parent, set by Start
 	subs map[int]*following
-	// hosts are the fleet's backends by their URL's host, for Listen's
-	// topics; a host of several backends maps to nil.
+	// hosts are the fleet's backends by the names their engines give
+	// themselves in Listen's topics (topicNames); a name of several
+	// backends maps to nil.
 	hosts map[string]*fleet.Backend
 	// members are the fleet's backends' names by index.
 	members map[int]string
@@ -144,9 +146,24 @@ func (f *Follower) resolve(topic string) (kvevents.Source, bool) {
 	}
 	src := kvevents.Source{Backend: b.Index, Name: b.Name, Endpoint: f.cfg.Listen, Topic: topic}
 	if f.cfg.ReplayPort > 0 {
-		src.Replay = "tcp://" + net.JoinHostPort(host, strconv.Itoa(f.cfg.ReplayPort))
+		src.Replay = "tcp://" + net.JoinHostPort(b.URL.Hostname(), strconv.Itoa(f.cfg.ReplayPort))
 	}
 	return src, true
+}
+
+// topicNames are the names an engine may give itself in its topic for
+// backend URL u: HOST:PORT, its serving port (llm-d's simulator and
+// endpoint picker name a pod so, which tells apart engines sharing a
+// host), and HOST alone (older topics: one engine per host).
+func topicNames(u *url.URL) (host, hostPort string) {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return u.Hostname(), net.JoinHostPort(u.Hostname(), port)
 }
 
 // Wait returns once every subscriber has stopped (after Start's ctx is
@@ -183,11 +200,15 @@ func (f *Follower) SetBackends(backends []*fleet.Backend) {
 	keep := make(map[int]bool, len(backends))
 	f.hosts = make(map[string]*fleet.Backend, len(backends))
 	for _, b := range backends {
-		if b.URL != nil {
-			if _, dup := f.hosts[b.URL.Hostname()]; dup {
-				f.hosts[b.URL.Hostname()] = nil // ambiguous
+		if b.URL == nil {
+			continue
+		}
+		host, hostPort := topicNames(b.URL)
+		for _, name := range []string{host, hostPort} {
+			if _, dup := f.hosts[name]; dup {
+				f.hosts[name] = nil // ambiguous
 			} else {
-				f.hosts[b.URL.Hostname()] = b
+				f.hosts[name] = b
 			}
 		}
 	}

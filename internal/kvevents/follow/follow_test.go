@@ -161,3 +161,41 @@ func TestFollowerFleet(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestResolveTopics: an engine that connects names itself in its topic as
+// llm-d's do, kv@HOST:PORT@MODEL (its serving port), or kv@HOST@MODEL;
+// either finds its backend, unless the name fits several.
+func TestResolveTopics(t *testing.T) {
+	var bs []*fleet.Backend
+	for i, spec := range []string{"a=http://127.0.0.1:18101", "b=http://127.0.0.1:18102", "c=http://10.0.0.5:8000", "d=https://vllm.example"} {
+		b, err := fleet.ParseBackend(i, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs = append(bs, b)
+	}
+	f := NewFollower(FollowConfig{ReplayPort: 5558})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() { cancel(); f.Wait() }()
+	f.Start(ctx, bs)
+	for topic, want := range map[string]string{
+		"kv@127.0.0.1:18101@m":  "a tcp://127.0.0.1:5558",
+		"kv@127.0.0.1:18102@m":  "b tcp://127.0.0.1:5558",
+		"kv@127.0.0.1@m":        "", // two engines on the host
+		"kv@10.0.0.5@m":         "c tcp://10.0.0.5:5558",
+		"kv@10.0.0.5:8000@m":    "c tcp://10.0.0.5:5558",
+		"kv@10.0.0.5:9000@m":    "",
+		"kv@vllm.example:443@m": "d tcp://vllm.example:5558",
+		"kv@10.0.0.9:8000@m":    "",
+		"kv":                    "",
+	} {
+		src, ok := f.resolve(topic)
+		got := ""
+		if ok {
+			got = src.Name + " " + src.Replay
+		}
+		if got != want {
+			t.Errorf("resolve(%q) = %q, want %q", topic, got, want)
+		}
+	}
+}

@@ -1,4 +1,4 @@
-package kvevents
+package follow
 
 import (
 	"bytes"
@@ -14,6 +14,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/kvevents"
 )
 
 // llm-d's vLLM simulator (github.com/llm-d/llm-d-inference-sim) is a KV
@@ -51,13 +54,14 @@ const (
 )
 
 // startLLMDSim starts the simulator on port, publishing its KV events to
-// the listener at zmq, and waits until it serves.
-func startLLMDSim(t *testing.T, bin string, port int, zmq string, mapFormat bool) *llmdSim {
+// the listener at zmq and answering replay requests at replay, and waits
+// until it serves.
+func startLLMDSim(t *testing.T, bin string, port int, zmq, replay string, mapFormat bool) *llmdSim {
 	t.Helper()
 	s := &llmdSim{port: port, url: fmt.Sprintf("http://127.0.0.1:%d", port)}
 	s.cmd = exec.Command(bin, "--model", llmdModel, "--port", strconv.Itoa(port),
 		"--enable-kvcache", "true", "--kv-cache-size", strconv.Itoa(llmdBlocks), "--block-size", strconv.Itoa(llmdBlockSize),
-		"--zmq-endpoint", zmq, "--event-batch-size", "8", "--use-vllm-map-event-format", strconv.FormatBool(mapFormat),
+		"--zmq-endpoint", zmq, "--kv-events-replay-endpoint", replay, "--event-batch-size", "8", "--use-vllm-map-event-format", strconv.FormatBool(mapFormat),
 		"--mode", "echo", "--max-num-seqs", "4")
 	// The topic names the pod by POD_IP: the router's backend of that
 	// host and port.
@@ -113,7 +117,7 @@ func (s *llmdSim) tokens(t *testing.T, msgs []map[string]string) []int32 {
 	if err := json.Unmarshal(s.post(t, "/tokenize", map[string]any{"model": llmdModel, "messages": msgs}), &r); err != nil {
 		t.Fatal(err)
 	}
-	return TokenIDs(r.Tokens)
+	return kvevents.TokenIDs(r.Tokens)
 }
 
 // chat sends a conversation and returns the cached prompt tokens the
@@ -133,7 +137,8 @@ func (s *llmdSim) chat(t *testing.T, msgs []map[string]string) int {
 }
 
 // TestLLMDSimulatorEvents follows a real llm-d simulator's KV events over
-// ZMQ on 127.0.0.1, in both of its layouts: until its cache is full, every
+// ZMQ on 127.0.0.1 as kvroute serve does (--kv-events-listen, the engine
+// named by its topic, --kv-events-replay-port), in both of its layouts: until its cache is full, every
 // turn's cached prefix, as the store predicts it from the simulator's own
 // token ids, is what the simulator then reports cached, and the store holds
 // every block the prompts made; once it evicts, the store holds exactly its
@@ -152,23 +157,18 @@ func TestLLMDSimulatorEvents(t *testing.T) {
 }
 
 func testLLMDSim(t *testing.T, bin string, mapFormat bool) {
-	store := NewStore(KeyTokens)
-	port := freePort(t)
-	host := fmt.Sprintf("127.0.0.1:%d", port)
-	resolve := func(topic string) (Source, bool) {
-		h, ok := TopicHost(topic)
-		return Source{Backend: 0, Name: h, Topic: topic}, ok && h == host
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	l, err := Listen(ctx, "tcp://127.0.0.1:0", resolve, store, SubscriberOptions{})
+	port, listen, replay := freePort(t), freePort(t), freePort(t)
+	b, err := fleet.ParseBackend(0, fmt.Sprintf("llmd=http://127.0.0.1:%d", port))
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() { l.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	zmq := "tcp://" + l.Addr().String()
-	sim := startLLMDSim(t, bin, port, zmq, mapFormat)
+	zmq := fmt.Sprintf("tcp://127.0.0.1:%d", listen)
+	f := NewFollower(FollowConfig{Listen: zmq, ReplayPort: replay, Retry: 20 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() { cancel(); f.Wait() }()
+	f.Start(ctx, []*fleet.Backend{b})
+	store := f.Store()
+	sim := startLLMDSim(t, bin, port, zmq, fmt.Sprintf("tcp://127.0.0.1:%d", replay), mapFormat)
 
 	settle := func(what string, cond func() bool) {
 		t.Helper()
@@ -176,7 +176,7 @@ func testLLMDSim(t *testing.T, bin string, mapFormat bool) {
 		for !cond() {
 			if time.Now().After(deadline) {
 				st, orphans := store.Status(0)
-				t.Fatalf("timed out waiting for %s: state %v, %d blocks, %d orphans\n%s", what, st, store.Blocks(0, MediumGPU), orphans, sim.out.String())
+				t.Fatalf("timed out waiting for %s: state %v, %d blocks, %d orphans\n%s", what, st, store.Blocks(0, kvevents.MediumGPU), orphans, sim.out.String())
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -195,8 +195,13 @@ func testLLMDSim(t *testing.T, bin string, mapFormat bool) {
 			}
 			// The events of the turns before have arrived when the store
 			// holds what they stored (all of it until the cache is full).
-			settle("the previous turns' events", func() bool { return store.Blocks(0, MediumGPU) == want })
-			_, bs, gpu, _ := store.Match(0, func(bs int) []uint64 { return TokenChain(nil, toks, bs) })
+			// ... and, its first batch numbered 1 where vLLM's is 0, the
+			// replay has told the follower it missed none.
+			settle("the previous turns' events", func() bool {
+				st, _ := store.Status(0)
+				return (turns == 0 || st == kvevents.Exact) && store.Blocks(0, kvevents.MediumGPU) == want
+			})
+			_, bs, gpu, _ := store.Match(0, func(bs int) []uint64 { return kvevents.TokenChain(nil, toks, bs) })
 			got := sim.chat(t, msgs)
 			if turns > 0 && bs != llmdBlockSize {
 				t.Fatalf("block size %d from the events, want %d", bs, llmdBlockSize)
@@ -207,35 +212,35 @@ func testLLMDSim(t *testing.T, bin string, mapFormat bool) {
 				exact++
 			case len(held) <= llmdBlocks || gpu*llmdBlockSize > got:
 				t.Fatalf("conversation %d turn %d: %d cached blocks predicted, %d tokens reported (%d blocks held, %d sent)",
-					conv, turn, gpu, got, store.Blocks(0, MediumGPU), len(held))
+					conv, turn, gpu, got, store.Blocks(0, kvevents.MediumGPU), len(held))
 			}
 			if len(held) > llmdBlocks {
 				evicting++
 			}
-			for _, k := range TokenChain(nil, toks, llmdBlockSize) {
+			for _, k := range kvevents.TokenChain(nil, toks, llmdBlockSize) {
 				held[k] = true
 			}
 			msgs = append(msgs, map[string]string{"role": "assistant", "content": "noted"})
 		}
 	}
 	t.Logf("%d turns (%d after the cache filled): %d predicted to the block; cached tokens predicted %d, reported %d; %d distinct blocks sent, %d held",
-		turns, evicting, exact, predicted, reported, len(held), store.Blocks(0, MediumGPU))
+		turns, evicting, exact, predicted, reported, len(held), store.Blocks(0, kvevents.MediumGPU))
 	if evicting == 0 || reported == 0 {
 		t.Fatalf("the test must fill and evict the cache and hit it: %d blocks for %d, %d cached", len(held), llmdBlocks, reported)
 	}
-	settle("a full cache", func() bool { return store.Blocks(0, MediumGPU) == llmdBlocks })
+	settle("a full cache", func() bool { return store.Blocks(0, kvevents.MediumGPU) == llmdBlocks })
 
 	// A restart: the same pod, a new process, its batches numbered from 0
 	// again, its cache empty.
 	sim.stop()
-	sim = startLLMDSim(t, bin, port, zmq, mapFormat)
+	sim = startLLMDSim(t, bin, port, zmq, fmt.Sprintf("tcp://127.0.0.1:%d", replay), mapFormat)
 	msgs := []map[string]string{system, {"role": "user", "content": "after the restart"}}
 	if got := sim.chat(t, msgs); got != 0 {
 		t.Fatalf("a fresh simulator reported %d cached tokens", got)
 	}
-	n := len(TokenChain(nil, sim.tokens(t, msgs), llmdBlockSize))
+	n := len(kvevents.TokenChain(nil, sim.tokens(t, msgs), llmdBlockSize))
 	settle("the restarted simulator's blocks only", func() bool {
 		st, _ := store.Status(0)
-		return st != Unknown && store.Blocks(0, MediumGPU) == n
+		return st == kvevents.Exact && store.Blocks(0, kvevents.MediumGPU) == n
 	})
 }
