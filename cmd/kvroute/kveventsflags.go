@@ -28,7 +28,7 @@ func (c *kvEventsConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.port, "kv-events-port", 0, "follow every backend's engine KV events on tcp://BACKEND_HOST:PORT (vLLM's --kv-events-config endpoint, tcp://*:5557 by default); 0: only --kv-events")
 	fs.IntVar(&c.replayPort, "kv-events-replay-port", 0, "the engines' KV event replay port beside --kv-events-port (vLLM's replay_endpoint); 0: none, a gap resets that backend's state")
 	fs.Var(&c.endpoints, "kv-events", "a backend's KV event sockets, NAME=tcp://HOST:PORT[,tcp://HOST:REPLAYPORT] (repeatable; overrides --kv-events-port for that backend)")
-	fs.StringVar(&c.listen, "kv-events-listen", "", "bind this ZMQ SUB `ENDPOINT` (tcp://*:5557) for engines that connect to the router and name themselves in their topic as llm-d does, kv@HOST@MODEL (HOST: a backend URL's host)")
+	fs.StringVar(&c.listen, "kv-events-listen", "", "bind this ZMQ SUB `ENDPOINT` (tcp://*:5557) for engines that connect to the router and name themselves in their topic as llm-d does, kv@HOST:PORT@MODEL (a backend URL's host and port) or kv@HOST@MODEL (the one backend on HOST)")
 	fs.StringVar(&c.topic, "kv-events-topic", "", "topic of the engines' KV event messages (vLLM's kv_events_config topic; empty: any)")
 	fs.DurationVar(&c.replayTimeout, "kv-events-replay-timeout", kvevents.DefaultReplayTimeout, "limit of one replay request for missed KV event batches")
 	fs.DurationVar(&c.retry, "kv-events-retry", kvevents.DefaultRetry, "wait before reconnecting to an engine's KV event socket")
