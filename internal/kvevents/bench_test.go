@@ -69,12 +69,18 @@ func BenchmarkStoreMatch(b *testing.B) {
 }
 
 // BenchmarkTokenChain hashes a 2,048-token prompt into 16-token blocks.
+// BenchmarkTokenChain hashes a 2,048-token prompt into its chain: in
+// vLLM's 16-token blocks, and in SGLang's default pages of one token.
 func BenchmarkTokenChain(b *testing.B) {
 	prompt := make([]int32, 2048)
-	var dst []uint64
-	b.ReportAllocs()
-	for range b.N {
-		dst = TokenChain(dst[:0], prompt, 16)
+	for _, bs := range []int{16, 1} {
+		b.Run(fmt.Sprintf("block=%d", bs), func(b *testing.B) {
+			var dst []uint64
+			b.ReportAllocs()
+			for range b.N {
+				dst = TokenChain(dst[:0], prompt, bs)
+			}
+			sinkInt = len(dst)
+		})
 	}
-	sinkInt = len(dst)
 }

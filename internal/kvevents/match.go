@@ -138,19 +138,27 @@ func TokenChain(dst []uint64, tokens []int32, blockSize int) []uint64 {
 	return dst
 }
 
+// chainStep returns the key of block after parent. It runs once per block
+// of every prompt routed, and SGLang's pages are one token by default (a
+// 100k-token prompt, 100k steps), so it mixes the token ids in registers
+// rather than through a streaming hash: each token is xored in and the
+// state multiplied by an odd constant and xor-shifted, both bijections, so
+// one-token blocks of one parent never collide; murmur3's finalizer then
+// spreads the bits.
 func chainStep(parent uint64, block []int32) uint64 {
-	var d xxhash.Digest
-	var buf [8]byte
-	d.Reset()
-	binary.LittleEndian.PutUint64(buf[:], parent)
-	d.Write(buf[:])
+	h := parent ^ uint64(len(block))*0xc2b2ae3d27d4eb4f
 	for _, t := range block {
-		binary.LittleEndian.PutUint32(buf[:4], uint32(t))
-		d.Write(buf[:4])
+		h ^= uint64(uint32(t))
+		h *= 0x9e3779b97f4a7c15
+		h ^= h >> 29
 	}
-	k := d.Sum64()
-	if k == 0 { // 0 means unmatchable
-		k = 1
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	if h == 0 { // 0 means unmatchable
+		h = 1
 	}
-	return k
+	return h
 }
