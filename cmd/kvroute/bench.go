@@ -52,6 +52,7 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 	fs.Uint64Var(&opts.Seed, "seed", 1, "seed of the workload, the replies and the policies")
 	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile of the backends: "+strings.Join(engine.ProfileNames(), ", "))
 	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV blocks per backend (default: the profile's)")
+	fs.BoolVar(&bf.cfg.KVEvents, "kv-events", false, "the emulators publish their KV events over ZMQ on 127.0.0.1 and kvroute follows them, as serve --kv-events: exact cached blocks instead of the index's guess")
 	fs.Func("goodput", "ttft=DURATION,tpot=DURATION: report per policy the requests meeting this joint objective (kvroute:goodput serves it); a bare DURATION (e.g. 2s) instead searches each policy's highest rate with p99 TTFT under it, running the workload several times", func(v string) error {
 		if d, err := time.ParseDuration(v); err == nil && d > 0 {
 			bf.cfg.Goodput = d
@@ -97,7 +98,7 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 	if len(bf.cfg.BackendURLs) > 0 {
 		explicit := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
-		for _, name := range []string{"backends", "time-scale", "profile", "kv-blocks"} {
+		for _, name := range []string{"backends", "time-scale", "profile", "kv-blocks", "kv-events"} {
 			if explicit[name] {
 				return bf, fmt.Errorf("--%s describes emulated backends; it cannot go with --backend-url", name)
 			}

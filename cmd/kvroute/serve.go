@@ -39,6 +39,7 @@ type serveConfig struct {
 	tracing        tracingConfig      // tracingflags.go
 	duplicates     []duplicateBackend // dedupe.go: --backend flags dropped, logged at start
 	kvEvents       kvEventsConfig     // kveventsflags.go
+	explain        bool
 }
 
 // stringList is a repeatable string flag.
@@ -68,6 +69,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.server.Peers.Interval, "peer-interval", peers.DefaultInterval, "how often the --peer replicas' counts are polled")
 	fs.DurationVar(&cfg.server.Peers.Timeout, "peer-timeout", peers.DefaultTimeout, "limit of one poll of one --peer")
 	fs.DurationVar(&cfg.policyOpts.KVRoute.PeerMaxAge, "peer-max-age", router.DefaultPeerMaxAge, "a --peer's counts older than this stop counting; the replica then scales its own by --replicas")
+	fs.BoolVar(&cfg.explain, "explain-headers", false, "add the policy's predicted cached prompt tokens and TTFT to every response (X-Kvroute-Predicted-Cached, X-Kvroute-Predicted-Ttft-Ms); they tell clients what the fleet has cached, so only for trusted ones")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug (one line per request with its decision), info, warn or error")
 	cfg.logFormat = logText
 	fs.Var(&cfg.logFormat, "log-format", logFormatUsage)
@@ -196,7 +198,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	t := proxy.NewTransport()
 	t.DialContext = (&net.Dialer{Timeout: cfg.connectTimeout, KeepAlive: 30 * time.Second}).DialContext
 	sc.Proxy = cfg.security.proxyConfig(proxy.Config{SessionHeader: cfg.sessionHeader, Logger: log, Transport: t,
-		Resilience: cfg.resilience, Overload: cfg.overload})
+		Resilience: cfg.resilience, Overload: cfg.overload, Explain: cfg.explain})
 	sc.TLS, sc.MetricsListen = cfg.security.serverTLS, cfg.security.metricsListen
 	kv, err := cfg.kvEvents.config(&http.Client{Transport: t}) // kveventsflags.go
 	if err != nil {

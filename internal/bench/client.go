@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/tokenizer"
 	"github.com/kvroute/kvroute/internal/workload"
@@ -295,6 +296,7 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 	res.Status = resp.StatusCode
 	res.Backend = resp.Header.Get("X-Kvroute-Backend")
 	res.Route = resp.Header.Get("X-Kvroute-Route")
+	res.PredictedCached, _ = strconv.Atoi(resp.Header.Get(proxy.HeaderPredictedCached))
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		lose(&res, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg)))

@@ -17,6 +17,8 @@ import (
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/kvevents"
+	"github.com/kvroute/kvroute/internal/kvevents/follow"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/server"
@@ -44,6 +46,9 @@ type FleetConfig struct {
 	Seed uint64
 	// KVRoute tunes the kvroute policy (its objective).
 	KVRoute router.KVRouteConfig
+	// KVEvents makes the emulators publish their KV events on loopback
+	// ports and the router follow them, as `serve --kv-events` would.
+	KVEvents bool
 	// Logger receives the components' logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -87,6 +92,9 @@ type emuBackend struct {
 	srv    *http.Server // nil while killed
 	addr   string
 	cancel context.CancelFunc // stops the emulator's driver
+	// events are its KV event sockets, PUB and replay ("" without
+	// FleetConfig.KVEvents): a restart binds them again.
+	events kvevents.Source
 }
 
 // StartFleet starts cfg.Backends emulators and a router in front of them,
@@ -129,9 +137,11 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		f.balancer, f.URL = b, b.URL
 		return f, nil
 	}
-	// The router as `kvroute serve` runs it, on a loopback port of its own.
+	// The router as `kvroute serve` runs it, on a loopback port of its own,
+	// its predictions in each response for the report's accuracy.
 	rs, err := server.Start(ctx, server.Config{Backends: backends, Fleet: opts, Policy: cfg.Policy,
-		Router: router.Options{Seed: cfg.Seed, KVRoute: cfg.KVRoute}, Proxy: proxy.Config{Logger: logger, Resilience: scaledTimeouts(cfg)},
+		Router: router.Options{Seed: cfg.Seed, KVRoute: cfg.KVRoute}, KVEvents: f.following(),
+		Proxy:  proxy.Config{Logger: logger, Resilience: scaledTimeouts(cfg), Explain: true},
 		Listen: "127.0.0.1:0", DrainDelay: -1, Logger: logger})
 	if err != nil {
 		return fail(err)
@@ -181,16 +191,23 @@ func (f *Fleet) emulate(ctx context.Context, cfg FleetConfig, logger *slog.Logge
 	)
 	f.emuCfg = emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger}
 	for i := range cfg.Backends {
-		s, err := emulator.New(f.emuCfg)
+		var events kvevents.Source
+		if cfg.KVEvents {
+			events = kvevents.Source{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0"}
+		}
+		s, err := emulator.New(f.withEvents(events))
 		if err != nil {
 			return nil, nil, err
+		}
+		if cfg.KVEvents {
+			events.Endpoint, events.Replay = s.KVEventsAddr()
 		}
 		f.Model = s.Model()
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, nil, err
 		}
-		f.emu = append(f.emu, emuBackend{addr: ln.Addr().String()})
+		f.emu = append(f.emu, emuBackend{addr: ln.Addr().String(), events: events})
 		f.retired = append(f.retired, backendStats{})
 		f.Servers = append(f.Servers, s)
 		f.start(i, s, ln)
@@ -203,6 +220,31 @@ func (f *Fleet) emulate(ctx context.Context, cfg FleetConfig, logger *slog.Logge
 		urls = append(urls, u.String())
 	}
 	return backends, urls, nil
+}
+
+// withEvents is the emulators' config, publishing KV events on events'
+// sockets when it names them.
+func (f *Fleet) withEvents(events kvevents.Source) emulator.Config {
+	cfg := f.emuCfg
+	if events.Endpoint != "" {
+		cfg.KVEvents = &kvevents.PublisherConfig{Endpoint: events.Endpoint, Replay: events.Replay}
+	}
+	return cfg
+}
+
+// following is what the router follows of the emulators' KV events; nil
+// when they publish none.
+func (f *Fleet) following() *follow.FollowConfig {
+	eps := map[string]kvevents.Source{}
+	for i, b := range f.emu {
+		if b.events.Endpoint != "" {
+			eps[f.Names[i]] = b.events
+		}
+	}
+	if len(eps) == 0 {
+		return nil
+	}
+	return &follow.FollowConfig{Endpoints: eps, Retry: 50 * time.Millisecond}
 }
 
 // attach checks that the real servers at rawURLs are up and serve a common
@@ -277,7 +319,8 @@ func (f *Fleet) Kill(i int) error {
 	err := b.srv.Close()
 	b.cancel()
 	b.srv, b.cancel = nil, nil
-	return err
+	// Its KV event sockets go with it, and free their ports for Restart.
+	return errors.Join(err, f.Servers[i].Close())
 }
 
 // Restart starts a fresh emulator, with an empty cache as a restarted
@@ -293,7 +336,7 @@ func (f *Fleet) Restart(i int) error {
 	if b.srv != nil {
 		return nil
 	}
-	s, err := emulator.New(f.emuCfg)
+	s, err := emulator.New(f.withEvents(b.events))
 	if err != nil {
 		return err
 	}
@@ -345,9 +388,10 @@ func (f *Fleet) Close() {
 		s.Close()
 	}
 	f.mu.Lock()
-	for _, b := range f.emu {
+	for i, b := range f.emu {
 		if b.srv != nil {
 			b.srv.Close()
+			f.Servers[i].Close() // its KV event sockets
 		}
 	}
 	f.mu.Unlock()

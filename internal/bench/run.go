@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,9 @@ type Config struct {
 	// Sample is the interval of the per-backend load samples, in model
 	// time (default 1 s).
 	Sample time.Duration
+	// KVEvents makes the emulators publish their KV events and the router
+	// follow them (FleetConfig.KVEvents).
+	KVEvents bool
 	// Faults, when set, is played against the emulated backends during
 	// every run, the same for each policy. It needs open-loop arrivals and
 	// the backends it names.
@@ -138,7 +142,8 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 		BackendURLs: cfg.BackendURLs,
 		Backends:    cfg.Backends, Profile: cfg.Profile, TimeScale: cfg.TimeScale,
 		Policy: policy, Seed: cfg.Seed, Logger: cfg.Logger,
-		KVRoute: router.KVRouteConfig{Objective: cfg.Objective, SLO: router.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}},
+		KVRoute:  router.KVRouteConfig{Objective: cfg.Objective, SLO: router.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}},
+		KVEvents: cfg.KVEvents,
 	})
 	if err != nil {
 		return nil, err
@@ -181,6 +186,11 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 	run := &results.Run{Policy: policy, Requests: reqs, Backends: series}
 	run.Summary = results.Summarize(policy, reqs)
 	run.Summary.ApplySLO(reqs, cfg.SLO)
+	if f.watch == nil && slices.ContainsFunc(reqs, func(r results.Result) bool { return r.PredictedCached > 0 }) {
+		// The router told its predictions (proxy.Config.Explain), and the
+		// emulators' block size is known.
+		run.Summary.PredictionAccuracy = results.PredictionAccuracy(reqs, cfg.Profile.BlockSize)
+	}
 	busy := make([]time.Duration, len(series))
 	for i, s := range series {
 		busy[i] = s.Busy

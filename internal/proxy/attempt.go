@@ -301,7 +301,7 @@ func (p *Proxy) giveUp(w http.ResponseWriter, t *router.Ticket, f *failure, n in
 	}
 	p.log.Warn("request failed", "request_id", w.Header().Get(HeaderRequestID), "backend", name, "reason", f.kind, "status", e.Status, "attempts", n, "err", f.err)
 	p.metrics.requests.WithLabelValues(name, statusLabel(e.Status), t.Reason, cmp.Or(t.Request().Model, noBackend)).Inc()
-	setRouteHeaders(w, &t.Decision)
+	p.setRouteHeaders(w, &t.Decision)
 	writeError(w, e)
 }
 

@@ -67,7 +67,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 			return nil, false
 		case cause == errShutdown:
 			a.status = statusLabel(http.StatusServiceUnavailable)
-			setRouteHeaders(w, &t.Decision)
+			p.setRouteHeaders(w, &t.Decision)
 			writeError(w, unavailable("kvroute is shutting down; retry"))
 			return nil, false
 		case cause == errFirstTokenTimeout:
@@ -97,7 +97,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	}
 	a.status = statusLabel(res.StatusCode)
 	hw := &heldWriter{ResponseWriter: w, status: res.StatusCode, header: res.Header, onSend: func() { p.retried(c) }}
-	setRouteHeaders(w, &t.Decision)
+	p.setRouteHeaders(w, &t.Decision)
 	stream, announced := responseHeaders(res)
 	if res.StatusCode/100 != 2 || res.ContentLength == 0 {
 		hw.send() // an error or an empty body: nothing to wait for

@@ -321,10 +321,22 @@ func wantsTrailers(h http.Header) bool {
 	return false
 }
 
-func setRouteHeaders(w http.ResponseWriter, d *router.Decision) {
+// The headers Config.Explain adds, for policies that predict: the prompt
+// tokens expected cached on the chosen backend, and the time to first token
+// expected there, in milliseconds.
+const (
+	HeaderPredictedCached = "X-Kvroute-Predicted-Cached"
+	HeaderPredictedTTFT   = "X-Kvroute-Predicted-Ttft-Ms"
+)
+
+func (p *Proxy) setRouteHeaders(w http.ResponseWriter, d *router.Decision) {
 	h := w.Header()
 	h.Set(HeaderBackend, d.Backend.Name)
 	h.Set(HeaderRoute, d.Reason)
+	if p.explain && d.PredictedTTFT > 0 {
+		h.Set(HeaderPredictedCached, strconv.Itoa(d.Cached))
+		h.Set(HeaderPredictedTTFT, strconv.FormatFloat(float64(d.PredictedTTFT)/float64(time.Millisecond), 'f', 1, 64))
+	}
 }
 
 // isEventStream reports whether the content type ct is text/event-stream.

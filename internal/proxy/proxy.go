@@ -126,6 +126,12 @@ type Config struct {
 	// Security is who may use the proxy and what reaches the backends
 	// (security.go); the zero value is an open proxy.
 	Security Security
+	// Explain adds the policy's predictions to every routed response
+	// (HeaderPredictedCached, HeaderPredictedTTFT), for a bench or an
+	// operator checking them against what the backend reported. Off by
+	// default: they tell a client what the fleet holds of its prompt, and
+	// so of other clients' prompts.
+	Explain bool
 	// TracerProvider, when not nil, traces every proxied request
 	// (tracing.go); nil means no tracing, at no cost.
 	TracerProvider trace.TracerProvider
@@ -162,6 +168,7 @@ type Proxy struct {
 	created       int64        // Unix seconds, for /v1/models
 	sec           *security
 	tracer        trace.Tracer // tracing.go; nil: off
+	explain       bool         // Config.Explain
 
 	reg prometheus.Registerer // where the metrics are registered (Registerer)
 }
@@ -188,6 +195,7 @@ func New(cfg Config) (*Proxy, error) {
 		now:           cfg.Now,
 		rand:          cfg.Rand,
 		maxBody:       cfg.MaxBodyBytes,
+		explain:       cfg.Explain,
 	}
 	if p.transport == nil {
 		p.transport = NewTransport()

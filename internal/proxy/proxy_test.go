@@ -957,3 +957,23 @@ func TestNewRequiresFleetAndPolicy(t *testing.T) {
 		t.Error("no error without a policy")
 	}
 }
+
+// TestExplainHeaders: with Config.Explain a response names the policy's
+// predicted cached tokens and TTFT; without it, it does not (they tell a
+// client what the fleet holds).
+func TestExplainHeaders(t *testing.T) {
+	be := nameBackend(t, "b0")
+	for _, explain := range []bool{false, true} {
+		pol := newFirstPolicy()
+		pol.prefix, pol.predict = 12, 250*time.Millisecond
+		_, px := newTestProxy(t, newFakeFleet(testBackend(t, 0, "b0", be.URL, "m")), pol, func(c *Config) { c.Explain = explain })
+		res, body := post(t, px.URL, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a prompt of some tokens"}]}`)
+		if res.StatusCode != 200 {
+			t.Fatalf("status %d: %s", res.StatusCode, body)
+		}
+		cached, ttft := res.Header.Get(HeaderPredictedCached), res.Header.Get(HeaderPredictedTTFT)
+		if explain && (cached == "" || cached == "0" || ttft != "250.0") || !explain && (cached != "" || ttft != "") {
+			t.Errorf("Explain %v: predicted cached %q, TTFT %q", explain, cached, ttft)
+		}
+	}
+}

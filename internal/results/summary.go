@@ -264,7 +264,12 @@ func WriteTable(w io.Writer, sums []Summary, bounds Bounds) error {
 		row(fmt.Sprintf("  of unlimited cache (%.1f %%)", 100*bounds.Unlimited), func(s Summary) string { return fmt.Sprintf("%.0f %%", 100*s.HitRate/bounds.Unlimited) })
 	}
 	if slices.ContainsFunc(sums, func(s Summary) bool { return s.PredictionAccuracy > 0 }) {
-		row("cached tokens predicted to the block", func(s Summary) string { return fmt.Sprintf("%.1f %%", 100*s.PredictionAccuracy) })
+		row("cached tokens predicted to the block", func(s Summary) string {
+			if s.PredictionAccuracy == 0 {
+				return "-" // a policy that does not predict
+			}
+			return fmt.Sprintf("%.1f %%", 100*s.PredictionAccuracy)
+		})
 	}
 	row("load imbalance (max/mean busy)", func(s Summary) string { return fmt.Sprintf("%.2f", s.Imbalance) })
 	if o := sums[0].SLO; o != nil {

@@ -33,7 +33,8 @@ type FollowConfig struct {
 	Endpoints map[string]kvevents.Source
 	// Listen, when set, is a SUB socket to bind (tcp://*:5557) that
 	// engines connect to, each naming itself in its topic as llm-d does:
-	// kv@HOST@MODEL, HOST a backend URL's host (one engine per host).
+	// kv@HOST:PORT@MODEL, or kv@HOST@MODEL for the one backend on HOST
+	// (topicNames).
 	Listen string
 	// Topic is the engines' topic ("" matches every topic).
 	Topic string
