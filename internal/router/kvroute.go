@@ -523,10 +523,14 @@ func (p *KVRoute) breakTie(cand []candidate, cands []*fleet.Backend, best int, f
 			ties++
 		}
 	}
+	by := math.Inf(1)
+	if p.cfg.Objective == ObjectiveE2E {
+		ties, by = soonestTies(cand, limit, most)
+	}
 	// One draw for the lot: in a large idle fleet most backends tie.
 	k := p.rand.IntN(ties)
 	for i := range cand {
-		if cand[i].cost <= limit && cand[i].cached == most {
+		if cand[i].cost <= limit && cand[i].cached == most && cand[i].ttft <= by {
 			if k == 0 {
 				return i
 			}

@@ -124,3 +124,17 @@ func TestSlowness(t *testing.T) {
 		t.Errorf("the fleet's mean itself: %v", got)
 	}
 }
+
+func TestSoonestTies(t *testing.T) {
+	cand := []candidate{
+		{cost: 1.0, cached: 500, ttft: 0.50},
+		{cost: 1.1, cached: 500, ttft: 0.26},
+		{cost: 1.1, cached: 500, ttft: 0.30}, // within tieTTFT of the soonest
+		{cost: 1.2, cached: 200, ttft: 0.01}, // holds less of the prompt
+		{cost: 9.0, cached: 500, ttft: 0.01}, // not a tie
+	}
+	ties, by := soonestTies(cand, 2, 500)
+	if ties != 2 || math.Abs(by-(0.26+tieTTFT)) > 1e-12 {
+		t.Errorf("%d ties up to %v s, want 2 up to %v s", ties, by, 0.26+tieTTFT)
+	}
+}

@@ -205,6 +205,8 @@ type SLO struct {
 type streamCost struct {
 	on      bool
 	others  bool      // price the delay to the streams in flight (one router only, see stream)
+	wOwn    float64   // the weight of the request's own stream in its cost (see streamWeights)
+	wOthers float64   // and of the delay to the streams in flight
 	out     float64   // expected tokens of the stream
 	need    float64   // KV tokens the request will hold (prompt + a high quantile of its stream)
 	overlap float64   // tokens the streams it joins and its own decode together, at most
@@ -212,7 +214,7 @@ type streamCost struct {
 	inverse []float64 // each candidate's mean 1/tokens of the streams in flight there (0: none)
 	fit     *decodeFit
 	shares  []float64 // each candidate's recent prefill share
-	idle    float64   // its own stream on an idle backend: what no choice avoids
+	idle    float64   // its own stream on an idle backend, weighed: what no choice avoids
 	// Under ObjectiveGoodput, slo is the objective, and per candidate tpot
 	// is the request's predicted time per token there and pushed the
 	// streams there it would push over the objective's.
@@ -238,10 +240,40 @@ func (s *streamCost) cost(i int, c *candidate, l fleet.Load) float64 {
 		}
 	}
 	if !s.others {
-		return s.out * per
+		return s.wOwn * s.out * per
 	}
-	return s.out*per + othersDelay(stalled(n, s.typical, s.inverse[i]), c.own, grow, s.overlap)
+	return s.wOwn*s.out*per + s.wOthers*othersDelay(stalled(n, s.typical, s.inverse[i]), c.own, grow, s.overlap)
 }
+
+// streamWeights returns, under the e2e objective, what a second of the
+// request's own stream and a second of the delay it adds to the streams in
+// flight weigh against a second of time to first token, for a request
+// whose own prefill takes at least least seconds on any candidate.
+//
+// A stream already running loses less than a request waiting for its first
+// token: its reader has text, and a stall stretches its pace. Counted at
+// full weight, the delay to the streams in flight sent prefill wherever few
+// streams ran, which is where other prefill was queued (Mooncake at 3× its
+// rate, seeds 1–5: TTFT p99 10.1 s against 5.8 s for the TTFT objective).
+// The request's own stream weighs little for a short prompt, whose time per
+// token differs by milliseconds between backends: buying them with a queue
+// raised the TTFT p50 from 0.41 to 0.51 s. It weighs fully for a prompt
+// whose prefill takes ownStreamFull or more: there its time per token on a
+// backend, slowed by the prefill sent there lately, is what tells the
+// backends already computing long prompts, and at a quarter such prompts
+// queued behind each other (TTFT p99 7.2 s). With these weights, against
+// both at 1 (docs/BENCHMARKS.md, Streams): TTFT p50 513 → 431 ms and p99
+// 10.1 → 5.8 s (TTFT objective: 409 ms, 5.8 s), goodput 81.0 → 81.4 %,
+// e2e p99 43.7 → 39.3 s, ITL p99 88 → 95 ms, hit rate 11.3 → 12.3 %.
+func streamWeights(least float64) (own, others float64) {
+	return clamp(least/ownStreamFull, ownStreamLight, 1), othersWeight
+}
+
+const (
+	othersWeight   = 0.25
+	ownStreamLight = 0.25
+	ownStreamFull  = 1.0 // s of prefill
+)
 
 // meanInverse is the mean 1/tokens of a backend's streams, 0 for none.
 func (s *share) meanInverse() float64 {
@@ -324,6 +356,14 @@ func (p *KVRoute) stream(req *Request, s *pickScratch, ln *learned, promptTokens
 	}
 	est := p.outputs.expect(req)
 	st.on, st.fit, st.shares = true, &ln.decode, s.shares
+	st.wOwn, st.wOthers = 1, 1
+	if p.cfg.Objective == ObjectiveE2E {
+		least := math.Inf(1)
+		for i := range s.cand {
+			least = min(least, s.cand[i].own)
+		}
+		st.wOwn, st.wOthers = streamWeights(least)
+	}
 	// Behind replicas, each one's index knows only the prompts it routed,
 	// so the own prefill it predicts is off wherever another replica put
 	// a session's turns; the delay to the streams in flight multiplies
@@ -343,7 +383,7 @@ func (p *KVRoute) stream(req *Request, s *pickScratch, ln *learned, promptTokens
 	st.overlap = min(est.mean, est.typical)
 	st.typical = est.typical
 	st.inverse = s.inverse
-	st.idle = st.out * st.fit.perToken(st.need, 1, 0)
+	st.idle = st.wOwn * st.out * st.fit.perToken(st.need, 1, 0)
 	return st
 }
 

@@ -90,7 +90,7 @@ func TestShareDecays(t *testing.T) {
 func TestSLOMisses(t *testing.T) {
 	d := newDecodeFit()
 	slo := SLO{TTFT: time.Second, TPOT: 20 * time.Millisecond}
-	st := streamCost{on: true, out: 100, need: 1000, overlap: 100, fit: &d, slo: &slo,
+	st := streamCost{on: true, wOwn: 1, wOthers: 1, out: 100, need: 1000, overlap: 100, fit: &d, slo: &slo,
 		shares: []float64{0.8, 0}, inverse: make([]float64, 2), tpot: make([]float64, 2), pushed: make([]float64, 2)}
 	cand := []candidate{{own: 0.1, ttft: 0.2}, {own: 0.1, ttft: 0.5}}
 	loads := []fleet.Load{{}, {Requests: 2, DecodeTokens: 10_000}}
@@ -150,6 +150,23 @@ func TestStalled(t *testing.T) {
 	} {
 		if got := stalled(tt.n, tt.typical, tt.inverse); math.Abs(got-tt.want) > 1e-9 {
 			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestStreamWeights(t *testing.T) {
+	for _, tt := range []struct {
+		name               string
+		least              float64
+		wantOwn, wantOther float64
+	}{
+		{"short prompt", 0.05, ownStreamLight, othersWeight},
+		{"half a second of prefill", 0.5, 0.5, othersWeight},
+		{"long prompt", 3, 1, othersWeight},
+	} {
+		own, others := streamWeights(tt.least)
+		if own != tt.wantOwn || others != tt.wantOther {
+			t.Errorf("%s: own %v, others %v; want %v, %v", tt.name, own, others, tt.wantOwn, tt.wantOther)
 		}
 	}
 }
