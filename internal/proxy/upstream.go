@@ -125,11 +125,16 @@ func (t *leanTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// A kept-alive connection the backend closed while it sat idle fails
 		// before its answer's first byte; the request goes again on another,
 		// as net/http's Transport resends it.
-		if !c.reused || !errors.Is(err, errIdleClosed) || req.GetBody == nil || req.Context().Err() != nil {
+		if !c.reused || !errors.Is(err, errIdleClosed) || req.Context().Err() != nil {
 			return nil, err
 		}
-		if req.Body, err = req.GetBody(); err != nil {
-			return nil, err
+		switch {
+		case req.GetBody != nil:
+			if req.Body, err = req.GetBody(); err != nil {
+				return nil, err
+			}
+		case req.Body != nil && req.Body != http.NoBody:
+			return nil, err // sent, and it cannot be again
 		}
 		t.resent.Inc()
 	}

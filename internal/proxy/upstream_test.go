@@ -328,3 +328,39 @@ func TestLeanOnlyForPlainTransports(t *testing.T) {
 		t.Error("no lean path over the default transport")
 	}
 }
+
+// A request without a body, or with one it can make again, goes again when
+// its pooled connection turns out closed; the backend answers it once.
+func TestLeanResendsOnIdleClosed(t *testing.T) {
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		t.Run(method, func(t *testing.T) {
+			be := newConnServer(t, streamEvents(1))
+			lt := newLeanTransport(NewTransport())
+			defer lt.CloseIdleConnections()
+			roundTrip := func() {
+				t.Helper()
+				var body io.Reader
+				if method == http.MethodPost {
+					body = strings.NewReader(streamBody)
+				}
+				req, _ := http.NewRequest(method, be.URL+"/v1/chat/completions", body)
+				res, err := lt.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.Copy(io.Discard, res.Body); err != nil {
+					t.Fatal(err)
+				}
+				res.Body.Close()
+			}
+			roundTrip()
+			first := be.remoteAddrs()[0]
+			be.CloseClientConnections()
+			be.awaitClosed(t, first)
+			roundTrip()
+			if addrs := be.remoteAddrs(); len(addrs) != 2 || addrs[1] == first {
+				t.Errorf("the backend saw requests from %v: want one on the first connection, one on a new one", addrs)
+			}
+		})
+	}
+}
