@@ -25,6 +25,7 @@ type metrics struct {
 	timeouts  *prometheus.CounterVec // backend, kind
 	cut       *prometheus.CounterVec // backend, reason
 	deadline  prometheus.Counter
+	upstream  *prometheus.CounterVec // event: the lean path's connections (upstream.go)
 }
 
 // Buckets in seconds. TTFT runs from a cached short prompt (milliseconds) to
@@ -75,11 +76,12 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 		cut: counter("kvroute_responses_cut_total",
 			`Responses cut short after part of them reached the client, by reason: "read" (the backend failed), "first_token", "idle" or "shutdown". Streams end with an error event.`,
 			[]string{"backend", "reason"}),
+		upstream: newUpstreamCounter(),
 		deadline: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_deadline_refused_total",
 			Help: "Requests refused at once because the best backend's predicted time to first token missed their deadline."}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.ttft, m.e2e, m.predicted, m.reported,
-		m.prompt, m.decision, m.failures, m.retries, m.timeouts, m.cut, m.deadline, newLoadCollector(f)} {
+		m.prompt, m.decision, m.failures, m.retries, m.timeouts, m.cut, m.deadline, m.upstream, newLoadCollector(f)} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

@@ -100,8 +100,13 @@ type Config struct {
 	SessionHeader string
 	// Transport carries requests to the backends. Nil means a transport
 	// tuned for many concurrent long streams to a few hosts (see
-	// NewTransport).
+	// NewTransport). Plain-http requests through an *http.Transport go by
+	// the lean path (upstream.go) unless StdlibUpstream is set.
 	Transport http.RoundTripper
+	// StdlibUpstream sends every request through Transport as it is, not
+	// the lean path: the fallback should the lean path misbehave with some
+	// backend.
+	StdlibUpstream bool
 	// Registerer receives the proxy's metrics. Nil means a registry of the
 	// proxy's own, served at /metrics with the Go and process collectors;
 	// with a Registerer of its own the caller serves the metrics.
@@ -200,6 +205,11 @@ func New(cfg Config) (*Proxy, error) {
 	if p.transport == nil {
 		p.transport = NewTransport()
 	}
+	if t, ok := p.transport.(*http.Transport); ok && !cfg.StdlibUpstream {
+		if lean := newLeanTransport(t); lean != nil {
+			p.transport = lean
+		}
+	}
 	if p.log == nil {
 		p.log = slog.Default()
 	}
@@ -234,6 +244,9 @@ func New(cfg Config) (*Proxy, error) {
 	var err error
 	if p.metrics, err = newMetrics(reg, cfg.Fleet); err != nil {
 		return nil, err
+	}
+	if lean, ok := p.transport.(*leanTransport); ok {
+		lean.countOn(p.metrics.upstream)
 	}
 	// A fleet that reports on its backends (health, ejections) has its
 	// metrics served beside the proxy's.
