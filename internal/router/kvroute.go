@@ -336,7 +336,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		total += loads[i].Requests
 	}
 	if inFlight >= 0 {
-		total = inFlight * int64(max(p.cfg.Replicas, 1))
+		total = inFlight
 	}
 	bound := loadBound(p.cfg.LoadFactor, total, fleetSize)
 
@@ -505,7 +505,7 @@ func (p *KVRoute) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.L
 // another, still spreads its work at random.
 func (p *KVRoute) breakTie(cand []candidate, cands []*fleet.Backend, best int, floor, floorTTFT float64, session int, hasSession bool, key uint64) int {
 	if key != 0 && !hasSession {
-		return placeByKey(cand, cands, best, key)
+		return p.placeByKey(cand, cands, best, key)
 	}
 	limit := tieWindow(cand[best].cost, floor, floorTTFT)
 	ties, most := 0, -1

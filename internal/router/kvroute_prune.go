@@ -33,16 +33,27 @@ func (c KVRouteConfig) pruning(n int) bool {
 	return !c.FullScan && n > 2*(c.PruneLeast+c.PruneHolders)
 }
 
+// KVHolders is what a KVEvents also offers when it can name the backends
+// its events say hold a prompt's deepest blocks without looking at every
+// backend (kvevents.Store.Deepest): a pruned pick then scores them too.
+// Without it, a backend whose events say it holds a prefix the index has
+// forgotten (evicted from the index's LRU, or placed by another router
+// replica) is scored only if it is among the least loaded.
+type KVHolders interface {
+	// Holders appends to dst, without repeating any already there, up to
+	// want backends holding the deepest part of req's prompt, deepest
+	// first, and returns dst. They need not be candidates. Safe for
+	// concurrent use.
+	Holders(req *Request, cands []*fleet.Backend, dst []int32, want int) []int32
+}
+
 // match fills s.matched and s.recent, as p.index.Match does, for the
 // candidates it returns: all of cands after a full match, or, when pruning,
 // the few that can win. It returns the longest match in the index among
-// them, and the requests in flight on the whole fleet as the pruner counts
-// them (-1 for a full scan, which sums them itself). The holders come from
-// the index, not the engines' KV events (Events matches only the
-// candidates it is given): a backend whose events say it holds a prefix
-// the index has forgotten is scored only if it is among the least loaded.
-// With router replicas the count is this replica's, scaled by Replicas,
-// where a full scan adds what peers report.
+// them, and the requests in flight on the whole fleet (-1 for a full scan,
+// which sums them itself): the pruner's count of this replica's, plus the
+// other replicas' (fleetInFlight). The holders come from the index and,
+// when Events can name them (KVHolders), from the engines' events.
 func (p *KVRoute) match(s *pickScratch, req *Request, cands []*fleet.Backend) ([]*fleet.Backend, int, int64) {
 	if !p.cfg.pruning(len(cands)) {
 		return cands, p.index.Match(s.hashes, s.matched, s.recent), -1
@@ -65,6 +76,9 @@ func (p *KVRoute) match(s *pickScratch, req *Request, cands []*fleet.Backend) ([
 	total := pr.total
 	pr.mu.Unlock()
 
+	if h, ok := p.cfg.Events.(KVHolders); ok {
+		s.few = h.Holders(req, cands, s.few, p.cfg.PruneHolders)
+	}
 	s.few, _ = p.index.MatchFew(s.hashes, s.few, p.cfg.PruneHolders, s.matched, s.recent)
 	s.sub = s.sub[:0]
 	longest := 0
@@ -76,7 +90,7 @@ func (p *KVRoute) match(s *pickScratch, req *Request, cands []*fleet.Backend) ([
 		}
 	}
 	pr.mu.Unlock()
-	return s.sub, longest, total
+	return s.sub, longest, p.fleetInFlight(total, cands, p.cfg.Now())
 }
 
 // pruner keeps the backends in buckets by their requests in flight, each
@@ -96,6 +110,9 @@ type pruner struct {
 	// pos is, per model, where each backend was in the candidates of the
 	// last pick that looked for one (see positions).
 	pos map[string]*positions
+	// peers is the other replicas' requests in flight on the fleet, as
+	// last summed (see fleetInFlight).
+	peers peerSum
 }
 
 // maxBucket bounds the buckets: more requests than that on one backend

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"sync"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -26,7 +27,10 @@ import (
 //     hashing of the session key (else of the prompt's first block) ranks
 //     first: every replica, unaware of what the others did, then sends a
 //     session's turns to the same backend while it is not much dearer than
-//     the best, and different sessions spread evenly;
+//     the best, and different sessions spread evenly; with the engines' KV
+//     events, which every replica reads alike, a backend within the slack
+//     that holds much more of the prompt than the cheapest comes first
+//     (placeWithEvents);
 //   - under the e2e objectives it prices a request's own stream but not
 //     its delay to the streams in flight (kvroute_decode.go, stream), and
 //     places by the cost without the stream (placed).
@@ -67,6 +71,55 @@ func (p *KVRoute) load(b *fleet.Backend, now time.Time) (l fleet.Load, peer peer
 	return l, peer
 }
 
+// fleetInFlight returns the requests in flight on the whole fleet, for
+// the load bound of a pruned pick, given own, this replica's count of its
+// own (the pruner's): with the other replicas' reports, own plus theirs
+// and, for each that has not reported, own once more; without, own times
+// the replicas. A full scan sums the same per candidate (load).
+func (p *KVRoute) fleetInFlight(own int64, cands []*fleet.Backend, now time.Time) int64 {
+	m := int64(max(p.cfg.Replicas, 1))
+	if m == 1 || len(cands) == 0 {
+		return own * m
+	}
+	first := cands[0].PeerLoad(now, p.cfg.PeerMaxAge)
+	if first == nil {
+		return own * m
+	}
+	requests, peers := p.prune.peers.sum(first, cands, now, p.cfg.PeerMaxAge)
+	return own + requests + max(0, m-1-int64(peers))*own
+}
+
+// peerSum is the other replicas' requests in flight summed over the
+// candidates, taken once per round of reports: the replicas' pollers
+// (internal/peers) and the simulator's gossip replace every backend's
+// report at once, so the first candidate's changing says a new round came.
+// Summing per pick would cost as much as the full scan pruning avoids.
+type peerSum struct {
+	mu       sync.Mutex
+	from     *fleet.PeerLoad // the first candidate's report when summed
+	n        int             // the candidates summed
+	requests int64
+	peers    int
+}
+
+// sum returns the other replicas' requests on cands and how many replicas
+// reported, summing anew when first (cands[0]'s report) is not the one the
+// last sum began with.
+func (ps *peerSum) sum(first *fleet.PeerLoad, cands []*fleet.Backend, now time.Time, maxAge time.Duration) (int64, int) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.from == first && ps.n == len(cands) {
+		return ps.requests, ps.peers
+	}
+	ps.from, ps.n, ps.requests, ps.peers = first, len(cands), 0, first.Peers
+	for _, b := range cands {
+		if pl := b.PeerLoad(now, maxAge); pl != nil {
+			ps.requests += pl.Requests
+		}
+	}
+	return ps.requests, ps.peers
+}
+
 // peerPrefill is the prefill tokens other replicas reported queued on a
 // backend, and the report's age in seconds.
 type peerPrefill struct {
@@ -98,18 +151,67 @@ func (p *KVRoute) placementKey(req *Request, hashes []uint64) uint64 {
 	return 0
 }
 
-// placeByKey returns, among the candidates whose cost is within the
-// placement slack of the best, the one that rendezvous hashing of key ranks
-// first: the same for every replica that sees the same costs, and for most
-// that see nearly the same.
-func placeByKey(cand []candidate, cands []*fleet.Backend, best int, key uint64) int {
+// placeByKey returns where a replica places a request whose session it
+// has not routed (key: placementKey). Without the engines' KV events, among the
+// candidates whose cost is within the placement slack of the best, the one
+// that rendezvous hashing of key ranks first: the same for every replica
+// that sees the same costs, and for most that see nearly the same. With
+// events (placeWithEvents), by what the engines hold.
+func (p *KVRoute) placeByKey(cand []candidate, cands []*fleet.Backend, best int, key uint64) int {
 	first := best
 	for i := range cand {
 		if placed(&cand[i]) < placed(&cand[first]) {
 			first = i
 		}
 	}
+	if p.cfg.Events != nil {
+		return placeWithEvents(cand, cands, first, key)
+	}
+	return rendezvousWithin(cand, cands, first, key, placed(&cand[first])+placementSlack)
+}
+
+// placeWithEvents places a request by the engines' own account of their
+// caches, which every replica reads alike. When a candidate within the
+// placement slack of the cheapest (first) holds a good part of the prompt
+// more than the cheapest does (stickyShare), it goes to one of those
+// holding the most, by rendezvous hashing of key: a conversation's next
+// turn, or a session-less prompt continuing an earlier one, stays with its
+// cache whichever replica routes it, as one router keeps a session on its
+// backend. Else it is placed by key within the slack, as without events:
+// a new session's first turn then goes where every replica would send it.
+func placeWithEvents(cand []candidate, cands []*fleet.Backend, first int, key uint64) int {
 	limit := placed(&cand[first]) + placementSlack
+	most := cand[first].cached
+	for i := range cand {
+		if placed(&cand[i]) <= limit {
+			most = max(most, cand[i].cached)
+		}
+	}
+	prompt := float64(cand[first].cached) + cand[first].miss
+	if most == cand[first].cached || float64(most-cand[first].cached) < stickyShare*prompt {
+		return rendezvousWithin(cand, cands, first, key, limit)
+	}
+	pick := -1
+	for i := range cand {
+		if placed(&cand[i]) <= limit && cand[i].cached == most &&
+			(pick < 0 || rendezvous(key, cands[i].Index) > rendezvous(key, cands[pick].Index)) {
+			pick = i
+		}
+	}
+	return pick
+}
+
+// stickyShare is how much more of the prompt than the cheapest holds a
+// candidate must hold to draw a request there past the hash: a
+// conversation's next turn finds most of its prompt where the last one
+// ran, while a system prompt or a trace's first block, held by many
+// backends, says nothing about where a new prompt belongs.
+const stickyShare = 0.5
+
+// rendezvousWithin returns, among the candidates whose placement cost is
+// at most limit (first's is), the one rendezvous hashing of key ranks
+// first.
+func rendezvousWithin(cand []candidate, cands []*fleet.Backend, first int, key uint64, limit float64) int {
 	pick := first
 	for i := range cand {
 		if placed(&cand[i]) <= limit && rendezvous(key, cands[i].Index) > rendezvous(key, cands[pick].Index) {

@@ -71,6 +71,7 @@ func first(l fleet.Load, _ peerPrefill) fleet.Load { return l }
 // its stream stays within the slack, and one dearer by its prefill does
 // not, whatever the hash says.
 func TestPlacementLeavesOutTheStream(t *testing.T) {
+	p := NewKVRoute(nil, KVRouteConfig{Replicas: 2})
 	cands := []*fleet.Backend{fleet.NewBackend(0, "a", nil), fleet.NewBackend(1, "b", nil)}
 	for _, tc := range []struct {
 		name string
@@ -83,7 +84,69 @@ func TestPlacementLeavesOutTheStream(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			picks := map[int]bool{}
 			for key := uint64(1); key < 64; key += 2 {
-				picks[placeByKey(tc.cand, cands, 0, key)] = true
+				picks[p.placeByKey(tc.cand, cands, 0, key)] = true
+			}
+			switch {
+			case tc.want < 0 && len(picks) != 2:
+				t.Errorf("placed on %v over 32 keys, want both", picks)
+			case tc.want >= 0 && (len(picks) != 1 || !picks[tc.want]):
+				t.Errorf("placed on %v over 32 keys, want only %d", picks, tc.want)
+			}
+		})
+	}
+}
+
+// A pruned pick's load bound counts the fleet's requests in flight as its
+// own plus the peers' reports, summed once per round of reports, and its
+// own times the replicas without them.
+func TestFleetInFlightAddsPeers(t *testing.T) {
+	now := time.Unix(100, 0)
+	bs := []*fleet.Backend{fleet.NewBackend(0, "a", nil), fleet.NewBackend(1, "b", nil), fleet.NewBackend(2, "c", nil)}
+	p := NewKVRoute(bs, KVRouteConfig{Replicas: 4, PeerMaxAge: time.Second, Now: func() time.Time { return now }})
+	if got, want := p.fleetInFlight(3, bs, now), int64(12); got != want {
+		t.Errorf("no reports: %d, want own × 4 = %d", got, want)
+	}
+	report := func(requests ...int64) {
+		for i, b := range bs {
+			b.SetPeerLoad(&fleet.PeerLoad{Load: fleet.Load{Requests: requests[i]}, Peers: 2, At: now})
+		}
+	}
+	report(5, 0, 7)
+	// own 3 + the two peers' 12 + one silent replica's (own once more)
+	if got, want := p.fleetInFlight(3, bs, now), int64(18); got != want {
+		t.Errorf("two of three peers: %d, want %d", got, want)
+	}
+	report(1, 1, 1)
+	if got, want := p.fleetInFlight(3, bs, now), int64(9); got != want {
+		t.Errorf("a new round of reports: %d, want %d", got, want)
+	}
+	if got, want := p.fleetInFlight(3, bs, now.Add(2*time.Second)), int64(12); got != want {
+		t.Errorf("stale reports: %d, want own × 4 = %d", got, want)
+	}
+}
+
+// With the engines' KV events, a replica places a request it has no
+// session for with the backend holding most of its prompt when that one is
+// within the placement slack, whatever the hash says (a conversation's
+// next turn reaching another replica stays with its cache); a backend
+// holding only a little more than the cheapest (a shared first block)
+// does not outweigh the hash; and none beyond the slack is taken.
+func TestPlacementFollowsEvents(t *testing.T) {
+	p := NewKVRoute(nil, KVRouteConfig{Replicas: 2, Events: &heldBy{}})
+	cands := []*fleet.Backend{fleet.NewBackend(0, "a", nil), fleet.NewBackend(1, "b", nil)}
+	for _, tc := range []struct {
+		name string
+		cand []candidate
+		want int // -1: both, by the hash
+	}{
+		{"holder within the slack", []candidate{{cost: 0.3, miss: 1000}, {cost: 0.4, cached: 900, miss: 100}}, 1},
+		{"a shared first block", []candidate{{cost: 0.3, miss: 1000}, {cost: 0.35, cached: 100, miss: 900}}, -1},
+		{"holder beyond the slack", []candidate{{cost: 0.3, miss: 1000}, {cost: 0.6, cached: 900, miss: 100}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			picks := map[int]bool{}
+			for key := uint64(1); key < 64; key += 2 {
+				picks[p.placeByKey(tc.cand, cands, 0, key)] = true
 			}
 			switch {
 			case tc.want < 0 && len(picks) != 2:
