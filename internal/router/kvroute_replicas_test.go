@@ -1,6 +1,7 @@
 package router
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -142,8 +143,17 @@ func TestPlacementFollowsEvents(t *testing.T) {
 		{"holder within the slack", []candidate{{cost: 0.3, miss: 1000}, {cost: 0.4, cached: 900, miss: 100}}, 1},
 		{"a shared first block", []candidate{{cost: 0.3, miss: 1000}, {cost: 0.35, cached: 100, miss: 900}}, -1},
 		{"holder beyond the slack", []candidate{{cost: 0.3, miss: 1000}, {cost: 0.6, cached: 900, miss: 100}}, 0},
+		// Once this replica has seen no session come back, a prompt
+		// nobody holds goes to the cheapest, short of a near-tie.
+		{"one-request sessions", []candidate{{cost: 0.3, miss: 1000}, {cost: 0.35, cached: 100, miss: 900}}, 0},
+		{"one-request sessions, holder", []candidate{{cost: 0.3, miss: 1000}, {cost: 0.4, cached: 900, miss: 100}}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if strings.HasPrefix(tc.name, "one-request") {
+				for i := range 300 {
+					p.returns.place(uint64(i)|1, false, p.cfg.Replicas)
+				}
+			}
 			picks := map[int]bool{}
 			for key := uint64(1); key < 64; key += 2 {
 				picks[p.placeByKey(tc.cand, cands, 0, key)] = true
@@ -153,6 +163,45 @@ func TestPlacementFollowsEvents(t *testing.T) {
 				t.Errorf("placed on %v over 32 keys, want both", picks)
 			case tc.want >= 0 && (len(picks) != 1 || !picks[tc.want]):
 				t.Errorf("placed on %v over 32 keys, want only %d", picks, tc.want)
+			}
+		})
+	}
+}
+
+// A replica learns whether sessions come back: traffic whose sessions it
+// never sees twice (one-request sessions) stops counting as conversations
+// within a few hundred requests, while conversations whose turns are
+// split over 8 replicas, a quarter of them reaching one that routed their
+// session before, keep counting; so do a run's first requests.
+func TestReturningSessions(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		every  int // every every-th request continues a session here; 0: none
+		n      int
+		want   bool
+		placed int // requests placed by key
+	}{
+		{"fresh", 0, 0, true, 0},
+		{"a first burst of new sessions", 0, 40, true, 40},
+		{"one-request sessions", 0, 200, false, 200},
+		{"conversations", 4, 400, true, 300},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r returning
+			placed := 0
+			for i := range tc.n {
+				if r.place(uint64(i)|1, tc.every > 0 && i%tc.every == 0, 8) {
+					placed++
+				}
+			}
+			if r.place(0, false, 8) {
+				t.Error("placed a request without a key")
+			}
+			if got := r.conversations(8); got != tc.want {
+				t.Errorf("conversations = %v after %d requests (share %.3f), want %v", got, tc.n, r.seen, tc.want)
+			}
+			if placed != tc.placed {
+				t.Errorf("%d placed by key, want %d", placed, tc.placed)
 			}
 		})
 	}
