@@ -73,52 +73,33 @@ func (p *KVRoute) load(b *fleet.Backend, now time.Time) (l fleet.Load, peer peer
 }
 
 // fleetInFlight returns the requests in flight on the whole fleet, for
-// the load bound of a pruned pick, given own, this replica's count of its
-// own (the pruner's): with the other replicas' reports, own plus theirs
-// and, for each that has not reported, own once more; without, own times
-// the replicas. A full scan sums the same per candidate (load).
-func (p *KVRoute) fleetInFlight(own int64, cands []*fleet.Backend, now time.Time) int64 {
+// the load bound of a pruned pick, given counted, the pruner's sum: this
+// replica's own and, behind replicas, the others' last reports
+// (pruner.reweigh). For each replica that has not reported, it adds the
+// heard replicas' mean once more; with no reports at all, counted is this
+// replica's alone, scaled by the replicas. A full scan sums the same per
+// candidate (load).
+func (p *KVRoute) fleetInFlight(counted int64, cands []*fleet.Backend, now time.Time) int64 {
 	m := int64(max(p.cfg.Replicas, 1))
 	if m == 1 || len(cands) == 0 {
-		return own * m
+		return counted * m
 	}
 	first := cands[0].PeerLoad(now, p.cfg.PeerMaxAge)
 	if first == nil {
-		return own * m
+		return counted * m
 	}
-	requests, peers := p.prune.peers.sum(first, cands, now, p.cfg.PeerMaxAge)
-	return own + requests + max(0, m-1-int64(peers))*own
+	heard := min(m, int64(first.Peers)+1)
+	return counted + (m-heard)*counted/heard
 }
 
-// peerSum is the other replicas' requests in flight summed over the
-// candidates, taken once per round of reports: the replicas' pollers
-// (internal/peers) and the simulator's gossip replace every backend's
-// report at once, so the first candidate's changing says a new round came.
-// Summing per pick would cost as much as the full scan pruning avoids.
-type peerSum struct {
-	mu       sync.Mutex
-	from     *fleet.PeerLoad // the first candidate's report when summed
-	n        int             // the candidates summed
-	requests int64
-	peers    int
-}
-
-// sum returns the other replicas' requests on cands and how many replicas
-// reported, summing anew when first (cands[0]'s report) is not the one the
-// last sum began with.
-func (ps *peerSum) sum(first *fleet.PeerLoad, cands []*fleet.Backend, now time.Time, maxAge time.Duration) (int64, int) {
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	if ps.from == first && ps.n == len(cands) {
-		return ps.requests, ps.peers
+// inFlight is b's requests in flight on the whole fleet as far as this
+// replica knows: its own and what the other replicas last reported.
+func (p *KVRoute) inFlight(b *fleet.Backend) int64 {
+	n := b.Load().Requests
+	if pl := b.PeerLoad(p.cfg.Now(), p.cfg.PeerMaxAge); pl != nil {
+		n += pl.Requests
 	}
-	ps.from, ps.n, ps.requests, ps.peers = first, len(cands), 0, first.Peers
-	for _, b := range cands {
-		if pl := b.PeerLoad(now, maxAge); pl != nil {
-			ps.requests += pl.Requests
-		}
-	}
-	return ps.requests, ps.peers
+	return n
 }
 
 // peerPrefill is the prefill tokens other replicas reported queued on a

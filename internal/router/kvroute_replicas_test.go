@@ -97,15 +97,26 @@ func TestPlacementLeavesOutTheStream(t *testing.T) {
 	}
 }
 
-// A pruned pick's load bound counts the fleet's requests in flight as its
-// own plus the peers' reports, summed once per round of reports, and its
-// own times the replicas without them.
-func TestFleetInFlightAddsPeers(t *testing.T) {
+// A pruned pick orders the backends by their requests in flight with the
+// peers' reports, rebuilt at each round of reports, and its load bound
+// counts the fleet's as the pruner sums them, each silent replica standing
+// in as the heard ones' mean; with no reports, its own times the replicas.
+func TestPrunerWeighsPeers(t *testing.T) {
 	now := time.Unix(100, 0)
 	bs := []*fleet.Backend{fleet.NewBackend(0, "a", nil), fleet.NewBackend(1, "b", nil), fleet.NewBackend(2, "c", nil)}
 	p := NewKVRoute(bs, KVRouteConfig{Replicas: 4, PeerMaxAge: time.Second, Now: func() time.Time { return now }})
-	if got, want := p.fleetInFlight(3, bs, now), int64(12); got != want {
-		t.Errorf("no reports: %d, want own × 4 = %d", got, want)
+	bs[1].Start(10, 10)
+	least := func() []int32 {
+		p.prune.mu.Lock()
+		defer p.prune.mu.Unlock()
+		p.prune.reweigh(p, bs)
+		return p.prune.least(nil, bs, p.prune.positions("", bs), 1)
+	}
+	if got := least(); len(got) != 1 || got[0] == 1 {
+		t.Errorf("no reports: least loaded %v, want an idle one", got)
+	}
+	if got, want := p.fleetInFlight(1, bs, now), int64(4); got != want {
+		t.Errorf("no reports: fleet in flight %d, want own × 4 = %d", got, want)
 	}
 	report := func(requests ...int64) {
 		for i, b := range bs {
@@ -113,16 +124,22 @@ func TestFleetInFlightAddsPeers(t *testing.T) {
 		}
 	}
 	report(5, 0, 7)
-	// own 3 + the two peers' 12 + one silent replica's (own once more)
-	if got, want := p.fleetInFlight(3, bs, now), int64(18); got != want {
-		t.Errorf("two of three peers: %d, want %d", got, want)
+	if got := least(); len(got) != 1 || got[0] != 1 {
+		t.Errorf("peers busy on a and c: least loaded %v, want b", got)
 	}
-	report(1, 1, 1)
-	if got, want := p.fleetInFlight(3, bs, now), int64(9); got != want {
-		t.Errorf("a new round of reports: %d, want %d", got, want)
+	p.prune.mu.Lock()
+	total := p.prune.total
+	p.prune.mu.Unlock()
+	if total != 13 {
+		t.Errorf("pruner counts %d in flight, want own 1 + peers' 12", total)
 	}
-	if got, want := p.fleetInFlight(3, bs, now.Add(2*time.Second)), int64(12); got != want {
-		t.Errorf("stale reports: %d, want own × 4 = %d", got, want)
+	// 13 heard from three replicas, and the fourth as their mean
+	if got, want := p.fleetInFlight(total, bs, now), int64(17); got != want {
+		t.Errorf("two of three peers: fleet in flight %d, want %d", got, want)
+	}
+	report(0, 9, 0)
+	if got := least(); len(got) != 1 || got[0] == 1 {
+		t.Errorf("a new round, peers busy on b: least loaded %v, want a or c", got)
 	}
 }
 
