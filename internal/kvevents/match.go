@@ -162,3 +162,45 @@ func chainStep(parent uint64, block []int32) uint64 {
 	}
 	return h
 }
+
+// Deepest appends to dst, without repeating any already there, up to want
+// backends holding the deepest leading blocks of a prompt on the GPU,
+// deepest first; keys returns the prompt's chain for a block size (once per
+// block size the backends use). It is what a router that scores only the
+// candidates that can win needs from the events: its work grows with the
+// prompt's blocks and want, not the fleet, where MatchGPU's grows with the
+// backends it is asked about. A chain's key names its whole prefix, so the
+// holders of the deepest key held anywhere are the deepest holders; their
+// exact depth is MatchGPU's to count.
+func (s *Store) Deepest(dst []int32, keys func(blockSize int) []uint64, want int) []int32 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	added := 0
+	for _, bs := range s.sizes {
+		ks := keys(bs)
+		depth := 0
+		for depth < len(ks) && len(s.holders[ks[depth]]) > 0 {
+			depth++
+		}
+		for i := depth - 1; i >= 0 && added < want; i-- {
+			for _, b := range s.holders[ks[i]] {
+				if int(b) >= len(s.info) || int(s.info[b].blockSize) != bs || slices.Contains(dst, b) {
+					continue
+				}
+				dst = append(dst, b)
+				if added++; added == want {
+					break
+				}
+			}
+		}
+	}
+	return dst
+}
+
+// Holding reports whether any backend holds any block on the GPU: if
+// none does, a prompt need not be tokenized to ask Deepest.
+func (s *Store) Holding() bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.holders) > 0
+}

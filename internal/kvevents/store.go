@@ -1,6 +1,9 @@
 package kvevents
 
-import "sync"
+import (
+	"slices"
+	"sync"
+)
 
 // Key is how a Store names the blocks it matches prompts against.
 type Key uint8
@@ -44,6 +47,10 @@ type Store struct {
 	// info is every backend's state and block size by index, contiguous:
 	// what MatchGPU reads for each candidate (synced by summarize).
 	info []summary
+	// sizes are the block sizes any backend has had, each once: the
+	// chains Deepest walks (a size no backend has any more finds no
+	// holders).
+	sizes []int
 }
 
 type summary struct {
@@ -58,6 +65,9 @@ func (s *Store) summarize(h *holdings) {
 		s.info = append(s.info, summary{})
 	}
 	s.info[h.backend] = summary{h.state, int32(h.blockSize)}
+	if h.blockSize > 0 && !slices.Contains(s.sizes, h.blockSize) {
+		s.sizes = append(s.sizes, h.blockSize)
+	}
 }
 
 // holdings is one backend's blocks.

@@ -1,6 +1,9 @@
 package kvevents
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 // seq returns n tokens: 1, 2, ..., n.
 func seq(n int) []int32 {
@@ -212,12 +215,51 @@ func TestMatchGPUAgrees(t *testing.T) {
 			}
 			got := make([]Matched, len(backends))
 			s.MatchGPU(backends, keys, got)
+			deepest := s.Deepest(nil, keys, len(backends))
 			for i, b := range backends {
 				st, bs, gpu, _ := s.Match(b, keys)
 				if got[i] != (Matched{State: st, BlockSize: bs, Blocks: gpu}) {
 					t.Fatalf("key mode %d, backend %d: MatchGPU %+v, Match %v %d %d", key, b, got[i], st, bs, gpu)
 				}
+				if gpu > 0 && !slices.Contains(deepest, int32(b)) {
+					t.Fatalf("key mode %d, backend %d holds %d leading blocks; Deepest %v", key, b, gpu, deepest)
+				}
 			}
 		}
+	}
+}
+
+// Deepest names the backends holding the deepest part of a prompt first,
+// up to the number asked for, skipping those already named.
+func TestStoreDeepest(t *testing.T) {
+	prompt := seq(20) // 10 blocks of 2
+	keys := func(bs int) []uint64 { return TokenChain(nil, prompt, bs) }
+	s := NewStore(KeyTokens)
+	for b, blocks := range []int{1, 5, 3, 0} {
+		s.Reset(b, Exact)
+		if blocks > 0 {
+			hashes := make([]uint64, blocks)
+			for i := range hashes {
+				hashes[i] = uint64(100*b + i + 1)
+			}
+			s.Apply(b, &Batch{Events: []Event{storedEv(hashes, 0, false, prompt[:2*blocks], MediumGPU)}})
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		dst  []int32
+		want int
+		out  []int32
+	}{
+		{"two deepest", nil, 2, []int32{1, 2}},
+		{"every holder", nil, 10, []int32{1, 2, 0}},
+		{"skips those named", []int32{1}, 2, []int32{1, 2, 0}},
+		{"none asked", nil, 0, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := s.Deepest(slices.Clone(tc.dst), keys, tc.want); !slices.Equal(got, tc.out) {
+				t.Errorf("Deepest = %v, want %v", got, tc.out)
+			}
+		})
 	}
 }

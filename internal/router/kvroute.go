@@ -85,6 +85,8 @@ type KVRoute struct {
 
 	// prune keeps the backends ordered by load for pruned picks.
 	prune pruner
+	// returns learns whether sessions come back (kvroute_replicas.go).
+	returns returning
 
 	scratch sync.Pool // *pickScratch
 	// width is how many backend indexes the per-backend state has room
@@ -336,7 +338,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		total += loads[i].Requests
 	}
 	if inFlight >= 0 {
-		total = inFlight * int64(max(p.cfg.Replicas, 1))
+		total = inFlight
 	}
 	bound := loadBound(p.cfg.LoadFactor, total, fleetSize)
 
@@ -504,8 +506,8 @@ func (p *KVRoute) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.L
 // cache on a second copy. An idle fleet, where no candidate holds more than
 // another, still spreads its work at random.
 func (p *KVRoute) breakTie(cand []candidate, cands []*fleet.Backend, best int, floor, floorTTFT float64, session int, hasSession bool, key uint64) int {
-	if key != 0 && !hasSession {
-		return placeByKey(cand, cands, best, key)
+	if p.returns.place(key, hasSession, p.cfg.Replicas) {
+		return p.placeByKey(cand, cands, best, key)
 	}
 	limit := tieWindow(cand[best].cost, floor, floorTTFT)
 	ties, most := 0, -1

@@ -33,16 +33,27 @@ func (c KVRouteConfig) pruning(n int) bool {
 	return !c.FullScan && n > 2*(c.PruneLeast+c.PruneHolders)
 }
 
+// KVHolders is what a KVEvents also offers when it can name the backends
+// its events say hold a prompt's deepest blocks without looking at every
+// backend (kvevents.Store.Deepest): a pruned pick then scores them too.
+// Without it, a backend whose events say it holds a prefix the index has
+// forgotten (evicted from the index's LRU, or placed by another router
+// replica) is scored only if it is among the least loaded.
+type KVHolders interface {
+	// Holders appends to dst, without repeating any already there, up to
+	// want backends holding the deepest part of req's prompt, deepest
+	// first, and returns dst. They need not be candidates. Safe for
+	// concurrent use.
+	Holders(req *Request, cands []*fleet.Backend, dst []int32, want int) []int32
+}
+
 // match fills s.matched and s.recent, as p.index.Match does, for the
 // candidates it returns: all of cands after a full match, or, when pruning,
 // the few that can win. It returns the longest match in the index among
-// them, and the requests in flight on the whole fleet as the pruner counts
-// them (-1 for a full scan, which sums them itself). The holders come from
-// the index, not the engines' KV events (Events matches only the
-// candidates it is given): a backend whose events say it holds a prefix
-// the index has forgotten is scored only if it is among the least loaded.
-// With router replicas the count is this replica's, scaled by Replicas,
-// where a full scan adds what peers report.
+// them, and the requests in flight on the whole fleet (-1 for a full scan,
+// which sums them itself): the pruner's count of this replica's, plus the
+// other replicas' (fleetInFlight). The holders come from the index and,
+// when Events can name them (KVHolders), from the engines' events.
 func (p *KVRoute) match(s *pickScratch, req *Request, cands []*fleet.Backend) ([]*fleet.Backend, int, int64) {
 	if !p.cfg.pruning(len(cands)) {
 		return cands, p.index.Match(s.hashes, s.matched, s.recent), -1
@@ -57,6 +68,7 @@ func (p *KVRoute) match(s *pickScratch, req *Request, cands []*fleet.Backend) ([
 	}
 	pr := &p.prune
 	pr.mu.Lock()
+	pr.reweigh(p, cands)
 	at := pr.positions(req.Model, cands)
 	s.few = pr.least(s.few[:0], cands, at, p.cfg.PruneLeast)
 	if session >= 0 && !slices.Contains(s.few, session) && at.find(cands, int(session)) >= 0 {
@@ -65,6 +77,9 @@ func (p *KVRoute) match(s *pickScratch, req *Request, cands []*fleet.Backend) ([
 	total := pr.total
 	pr.mu.Unlock()
 
+	if h, ok := p.cfg.Events.(KVHolders); ok {
+		s.few = h.Holders(req, cands, s.few, p.cfg.PruneHolders)
+	}
 	s.few, _ = p.index.MatchFew(s.hashes, s.few, p.cfg.PruneHolders, s.matched, s.recent)
 	s.sub = s.sub[:0]
 	longest := 0
@@ -76,7 +91,7 @@ func (p *KVRoute) match(s *pickScratch, req *Request, cands []*fleet.Backend) ([
 		}
 	}
 	pr.mu.Unlock()
-	return s.sub, longest, total
+	return s.sub, longest, p.fleetInFlight(total, cands, p.cfg.Now())
 }
 
 // pruner keeps the backends in buckets by their requests in flight, each
@@ -96,6 +111,47 @@ type pruner struct {
 	// pos is, per model, where each backend was in the candidates of the
 	// last pick that looked for one (see positions).
 	pos map[string]*positions
+	// weigh, behind router replicas, is a backend's requests in flight
+	// with the other replicas' last reports (KVRoute.inFlight); nil: its
+	// own count. round is the report the order was last rebuilt at, and
+	// backends every tracked backend, by index, to rebuild it.
+	weigh    func(*fleet.Backend) int64
+	round    *fleet.PeerLoad
+	backends []*fleet.Backend
+}
+
+// count is b's requests in flight as the pruner orders backends.
+func (pr *pruner) count(b *fleet.Backend) int64 {
+	if pr.weigh != nil {
+		return pr.weigh(b)
+	}
+	return b.Load().Requests
+}
+
+// reweigh, behind replicas, orders the backends by their requests in
+// flight on the whole fleet, this replica's and the others' last reports,
+// rebuilding the order whenever a new round of reports came (the first
+// candidate's report changed: the pollers and the simulator's gossip
+// replace every backend's at once). Ordered by its own counts alone, a
+// replica's least loaded were often the others' busiest. Call with mu
+// held.
+func (pr *pruner) reweigh(p *KVRoute, cands []*fleet.Backend) {
+	if p.cfg.Replicas <= 1 || len(cands) == 0 {
+		return
+	}
+	if pr.weigh == nil {
+		pr.weigh = p.inFlight
+	}
+	round := cands[0].PeerLoad(p.cfg.Now(), p.cfg.PeerMaxAge)
+	if round == pr.round {
+		return
+	}
+	pr.round = round
+	for i, b := range pr.backends {
+		if b != nil && i < len(pr.key) && pr.key[i] >= 0 {
+			pr.track(i, pr.count(b))
+		}
+	}
 }
 
 // maxBucket bounds the buckets: more requests than that on one backend
@@ -111,11 +167,16 @@ func (pr *pruner) setBackends(backends []*fleet.Backend) {
 	keep := make(map[int]bool, len(backends))
 	for _, b := range backends {
 		keep[b.Index] = true
-		pr.track(b.Index, b.Load().Requests)
+		for len(pr.backends) <= b.Index {
+			pr.backends = append(pr.backends, nil)
+		}
+		pr.backends[b.Index] = b
+		pr.track(b.Index, pr.count(b))
 	}
 	for i, k := range pr.key {
 		if k >= 0 && !keep[i] {
 			pr.untrack(i)
+			pr.backends[i] = nil
 		}
 	}
 	clear(pr.pos)
@@ -126,7 +187,7 @@ func (pr *pruner) setBackends(backends []*fleet.Backend) {
 func (pr *pruner) routed(b *fleet.Backend) {
 	pr.mu.Lock()
 	if b.Index < len(pr.key) && pr.key[b.Index] >= 0 {
-		pr.track(b.Index, b.Load().Requests+1)
+		pr.track(b.Index, pr.count(b)+1)
 	}
 	pr.mu.Unlock()
 }
@@ -135,7 +196,7 @@ func (pr *pruner) routed(b *fleet.Backend) {
 func (pr *pruner) settle(b *fleet.Backend) {
 	pr.mu.Lock()
 	if b.Index < len(pr.key) && pr.key[b.Index] >= 0 {
-		pr.track(b.Index, b.Load().Requests)
+		pr.track(b.Index, pr.count(b))
 	}
 	pr.mu.Unlock()
 }
@@ -200,7 +261,7 @@ func (pr *pruner) least(dst []int32, cands []*fleet.Backend, at *positions, k in
 				i = next
 				continue
 			}
-			if r := int32(min(max(cands[j].Load().Requests, 0), maxBucket)); r != pr.key[i] {
+			if r := int32(min(max(pr.count(cands[j]), 0), maxBucket)); r != pr.key[i] {
 				// Moved up, it comes round again in its bucket; moved
 				// down (a request ended with no settle yet), it is taken
 				// now: its bucket is behind us.

@@ -75,3 +75,64 @@ func TestPrunedPick(t *testing.T) {
 		t.Errorf("pruner counts %d in flight after every request finished", got)
 	}
 }
+
+// heldBy is a KVEvents whose engines all report exactly, one of them
+// holding the whole of one prompt and nothing else held anywhere; as a
+// KVHolders it names that backend for that prompt.
+type heldBy struct {
+	prompt  string
+	backend int
+	named   bool // Holders named it
+}
+
+func (h *heldBy) Match(req *Request, cands []*fleet.Backend, dst []KVState) {
+	for i, b := range cands {
+		dst[i] = KVState{Known: true, Exact: true}
+		if req.Prompt == h.prompt && b.Index == h.backend {
+			dst[i].Tokens = 4000
+		}
+	}
+}
+
+func (h *heldBy) Holders(req *Request, _ []*fleet.Backend, dst []int32, want int) []int32 {
+	if req.Prompt == h.prompt && want > 0 && !slices.Contains(dst, int32(h.backend)) {
+		h.named = true
+		dst = append(dst, int32(h.backend))
+	}
+	return dst
+}
+
+// A pruned pick scores the backend whose engine's events say it holds the
+// prompt even when the router's index does not know it (another replica
+// placed it, or the index forgot it) and it is not among the least loaded:
+// it goes there, as the full scan does.
+func TestPrunedPickScoresEventHolders(t *testing.T) {
+	for _, full := range []bool{false, true} {
+		bs := backends(200)
+		now := time.Unix(1000, 0)
+		doc := words(7, 16<<10)
+		ev := &heldBy{prompt: doc, backend: 137}
+		r := newKVRouter(bs, KVRouteConfig{Seed: 1, Now: func() time.Time { return now }, Events: ev, FullScan: full})
+		// One request in flight on every backend but 20, the holder among
+		// the busy: the least loaded the pruned pick takes are others.
+		var open []*fleet.Flight
+		for i, b := range bs {
+			if i < 20 {
+				continue
+			}
+			open = append(open, b.Start(100, 100))
+		}
+		r.Policy().(*KVRoute).SetBackends(bs) // the pruner re-reads the loads
+		got := route(t, r, &Request{Prompt: doc, MaxTokens: 10}, bs)
+		if got.Backend.Index != ev.backend {
+			t.Errorf("full scan %v: went to %s (%s), the events say b%d holds the prompt", full, got.Backend.Name, got.Reason, ev.backend)
+		}
+		if !full && !ev.named {
+			t.Error("the pruned pick did not ask the events for holders")
+		}
+		got.Finish(Outcome{Status: 200})
+		for _, f := range open {
+			f.Done()
+		}
+	}
+}

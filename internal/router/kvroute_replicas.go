@@ -1,6 +1,7 @@
 package router
 
 import (
+	"sync"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -26,7 +27,11 @@ import (
 //     hashing of the session key (else of the prompt's first block) ranks
 //     first: every replica, unaware of what the others did, then sends a
 //     session's turns to the same backend while it is not much dearer than
-//     the best, and different sessions spread evenly;
+//     the best, and different sessions spread evenly; with the engines' KV
+//     events, which every replica reads alike, a backend within the slack
+//     that holds much more of the prompt than the cheapest comes first,
+//     and where sessions never come back (one-request sessions), a new
+//     prompt goes to the cheapest (placeWithEvents, returning);
 //   - under the e2e objectives it prices a request's own stream but not
 //     its delay to the streams in flight (kvroute_decode.go, stream), and
 //     places by the cost without the stream (placed).
@@ -67,6 +72,36 @@ func (p *KVRoute) load(b *fleet.Backend, now time.Time) (l fleet.Load, peer peer
 	return l, peer
 }
 
+// fleetInFlight returns the requests in flight on the whole fleet, for
+// the load bound of a pruned pick, given counted, the pruner's sum: this
+// replica's own and, behind replicas, the others' last reports
+// (pruner.reweigh). For each replica that has not reported, it adds the
+// heard replicas' mean once more; with no reports at all, counted is this
+// replica's alone, scaled by the replicas. A full scan sums the same per
+// candidate (load).
+func (p *KVRoute) fleetInFlight(counted int64, cands []*fleet.Backend, now time.Time) int64 {
+	m := int64(max(p.cfg.Replicas, 1))
+	if m == 1 || len(cands) == 0 {
+		return counted * m
+	}
+	first := cands[0].PeerLoad(now, p.cfg.PeerMaxAge)
+	if first == nil {
+		return counted * m
+	}
+	heard := min(m, int64(first.Peers)+1)
+	return counted + (m-heard)*counted/heard
+}
+
+// inFlight is b's requests in flight on the whole fleet as far as this
+// replica knows: its own and what the other replicas last reported.
+func (p *KVRoute) inFlight(b *fleet.Backend) int64 {
+	n := b.Load().Requests
+	if pl := b.PeerLoad(p.cfg.Now(), p.cfg.PeerMaxAge); pl != nil {
+		n += pl.Requests
+	}
+	return n
+}
+
 // peerPrefill is the prefill tokens other replicas reported queued on a
 // backend, and the report's age in seconds.
 type peerPrefill struct {
@@ -98,18 +133,135 @@ func (p *KVRoute) placementKey(req *Request, hashes []uint64) uint64 {
 	return 0
 }
 
-// placeByKey returns, among the candidates whose cost is within the
-// placement slack of the best, the one that rendezvous hashing of key ranks
-// first: the same for every replica that sees the same costs, and for most
-// that see nearly the same.
-func placeByKey(cand []candidate, cands []*fleet.Backend, best int, key uint64) int {
+// placeByKey returns where a replica places a request whose session it
+// has not routed (key: placementKey). Without the engines' KV events, among the
+// candidates whose cost is within the placement slack of the best, the one
+// that rendezvous hashing of key ranks first: the same for every replica
+// that sees the same costs, and for most that see nearly the same. With
+// events (placeWithEvents), by what the engines hold.
+func (p *KVRoute) placeByKey(cand []candidate, cands []*fleet.Backend, best int, key uint64) int {
 	first := best
 	for i := range cand {
 		if placed(&cand[i]) < placed(&cand[first]) {
 			first = i
 		}
 	}
+	if p.cfg.Events != nil {
+		return placeWithEvents(cand, cands, first, key, p.returns.conversations(p.cfg.Replicas))
+	}
+	return rendezvousWithin(cand, cands, first, key, placed(&cand[first])+placementSlack)
+}
+
+// placeWithEvents places a request by the engines' own account of their
+// caches, which every replica reads alike. When a candidate within the
+// placement slack of the cheapest (first) holds a good part of the prompt
+// more than the cheapest does (stickyShare), it goes to one of those
+// holding the most, by rendezvous hashing of key: a conversation's next
+// turn, or a session-less prompt continuing an earlier one, stays with its
+// cache whichever replica routes it, as one router keeps a session on its
+// backend. Else, where sessions come back (conversations), it is placed
+// by key within the slack, as without events: a new session's first turn
+// then goes where every replica would send it; where they do not, by key
+// among the cheapest's near-ties only (tieFloor), since every replica sees
+// by the events where an earlier prompt went.
+func placeWithEvents(cand []candidate, cands []*fleet.Backend, first int, key uint64, conversations bool) int {
 	limit := placed(&cand[first]) + placementSlack
+	most := cand[first].cached
+	for i := range cand {
+		if placed(&cand[i]) <= limit {
+			most = max(most, cand[i].cached)
+		}
+	}
+	prompt := float64(cand[first].cached) + cand[first].miss
+	if most == cand[first].cached || float64(most-cand[first].cached) < stickyShare*prompt {
+		if !conversations {
+			limit = placed(&cand[first]) + tieFloor
+		}
+		return rendezvousWithin(cand, cands, first, key, limit)
+	}
+	pick := -1
+	for i := range cand {
+		if placed(&cand[i]) <= limit && cand[i].cached == most &&
+			(pick < 0 || rendezvous(key, cands[i].Index) > rendezvous(key, cands[pick].Index)) {
+			pick = i
+		}
+	}
+	return pick
+}
+
+// returning learns, per replica, whether the traffic's sessions come
+// back: the decayed share of the requests with a session key whose
+// session this replica had routed before. Behind M replicas a random split
+// brings a session's next turn to this one once in M, so a share s means
+// about s × M of requests continue a session. Safe for concurrent use.
+type returning struct {
+	mu sync.Mutex
+	// seen is the share, starting at 1/M: as if every request continued a
+	// session, until requests say otherwise.
+	seen    float64
+	started bool
+}
+
+// returnDecay is the weight of one request in returning's share: about a
+// hundred requests decide, so that a trace of one-request sessions is
+// known as such early in a run (Mooncake's, behind 8 replicas, after 90
+// requests a replica), while the first turns that open a conversational
+// workload (about as many as the sessions a replica sees in one think
+// time: some 45 on chat at 35 sessions a second behind 8 replicas) leave
+// the share above conversationShare. A conversation of six turns split
+// at random over 8 replicas brings about a quarter of its requests to a
+// replica that had one of its earlier turns: s × M ≈ 2.
+const returnDecay = 1.0 / 64
+
+// conversationShare is the share of requests continuing a session above
+// which the traffic counts as conversations.
+const conversationShare = 0.25
+
+// place records a request with placement key key (0: none) whose session
+// this replica had or had not routed before, and reports whether to place
+// it by key: it has a key and no session here.
+func (r *returning) place(key uint64, hasSession bool, replicas int) bool {
+	if key == 0 {
+		return false
+	}
+	r.mu.Lock()
+	if !r.started {
+		r.seen, r.started = 1/float64(max(replicas, 1)), true
+	}
+	hit := 0.0
+	if hasSession {
+		hit = 1
+	}
+	r.seen += returnDecay * (hit - r.seen)
+	r.mu.Unlock()
+	return !hasSession
+}
+
+// conversations reports whether, behind replicas replicas, the sessions
+// come back often enough for placement to spread new ones by the hash
+// over the placement slack: conversations do (their next turns reach the
+// other replicas, which must agree on where the session went, and bursts
+// of new ones must not herd onto the one cheapest backend while the
+// replicas' shared counts are a poll old), one-request sessions do not
+// (Mooncake's: the slack only sends their long prompts up to 150 ms
+// dearer, which cost 7–13 % of the TTFT p99; docs/BENCHMARKS.md).
+func (r *returning) conversations(replicas int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.started || r.seen*float64(replicas) >= conversationShare
+}
+
+// stickyShare is how much more of the prompt than the cheapest holds a
+// candidate must hold to draw a request there past the hash: a
+// conversation's next turn finds most of its prompt where the last one
+// ran, while a system prompt or a trace's first block, held by many
+// backends, says nothing about where a new prompt belongs.
+const stickyShare = 0.5
+
+// rendezvousWithin returns, among the candidates whose placement cost is
+// at most limit (first's is), the one rendezvous hashing of key ranks
+// first.
+func rendezvousWithin(cand []candidate, cands []*fleet.Backend, first int, key uint64, limit float64) int {
 	pick := first
 	for i := range cand {
 		if placed(&cand[i]) <= limit && rendezvous(key, cands[i].Index) > rendezvous(key, cands[pick].Index) {

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -71,6 +72,7 @@ func first(l fleet.Load, _ peerPrefill) fleet.Load { return l }
 // its stream stays within the slack, and one dearer by its prefill does
 // not, whatever the hash says.
 func TestPlacementLeavesOutTheStream(t *testing.T) {
+	p := NewKVRoute(nil, KVRouteConfig{Replicas: 2})
 	cands := []*fleet.Backend{fleet.NewBackend(0, "a", nil), fleet.NewBackend(1, "b", nil)}
 	for _, tc := range []struct {
 		name string
@@ -83,13 +85,140 @@ func TestPlacementLeavesOutTheStream(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			picks := map[int]bool{}
 			for key := uint64(1); key < 64; key += 2 {
-				picks[placeByKey(tc.cand, cands, 0, key)] = true
+				picks[p.placeByKey(tc.cand, cands, 0, key)] = true
 			}
 			switch {
 			case tc.want < 0 && len(picks) != 2:
 				t.Errorf("placed on %v over 32 keys, want both", picks)
 			case tc.want >= 0 && (len(picks) != 1 || !picks[tc.want]):
 				t.Errorf("placed on %v over 32 keys, want only %d", picks, tc.want)
+			}
+		})
+	}
+}
+
+// A pruned pick orders the backends by their requests in flight with the
+// peers' reports, rebuilt at each round of reports, and its load bound
+// counts the fleet's as the pruner sums them, each silent replica standing
+// in as the heard ones' mean; with no reports, its own times the replicas.
+func TestPrunerWeighsPeers(t *testing.T) {
+	now := time.Unix(100, 0)
+	bs := []*fleet.Backend{fleet.NewBackend(0, "a", nil), fleet.NewBackend(1, "b", nil), fleet.NewBackend(2, "c", nil)}
+	p := NewKVRoute(bs, KVRouteConfig{Replicas: 4, PeerMaxAge: time.Second, Now: func() time.Time { return now }})
+	bs[1].Start(10, 10)
+	least := func() []int32 {
+		p.prune.mu.Lock()
+		defer p.prune.mu.Unlock()
+		p.prune.reweigh(p, bs)
+		return p.prune.least(nil, bs, p.prune.positions("", bs), 1)
+	}
+	if got := least(); len(got) != 1 || got[0] == 1 {
+		t.Errorf("no reports: least loaded %v, want an idle one", got)
+	}
+	if got, want := p.fleetInFlight(1, bs, now), int64(4); got != want {
+		t.Errorf("no reports: fleet in flight %d, want own × 4 = %d", got, want)
+	}
+	report := func(requests ...int64) {
+		for i, b := range bs {
+			b.SetPeerLoad(&fleet.PeerLoad{Load: fleet.Load{Requests: requests[i]}, Peers: 2, At: now})
+		}
+	}
+	report(5, 0, 7)
+	if got := least(); len(got) != 1 || got[0] != 1 {
+		t.Errorf("peers busy on a and c: least loaded %v, want b", got)
+	}
+	p.prune.mu.Lock()
+	total := p.prune.total
+	p.prune.mu.Unlock()
+	if total != 13 {
+		t.Errorf("pruner counts %d in flight, want own 1 + peers' 12", total)
+	}
+	// 13 heard from three replicas, and the fourth as their mean
+	if got, want := p.fleetInFlight(total, bs, now), int64(17); got != want {
+		t.Errorf("two of three peers: fleet in flight %d, want %d", got, want)
+	}
+	report(0, 9, 0)
+	if got := least(); len(got) != 1 || got[0] == 1 {
+		t.Errorf("a new round, peers busy on b: least loaded %v, want a or c", got)
+	}
+}
+
+// With the engines' KV events, a replica places a request it has no
+// session for with the backend holding most of its prompt when that one is
+// within the placement slack, whatever the hash says (a conversation's
+// next turn reaching another replica stays with its cache); a backend
+// holding only a little more than the cheapest (a shared first block)
+// does not outweigh the hash; and none beyond the slack is taken.
+func TestPlacementFollowsEvents(t *testing.T) {
+	p := NewKVRoute(nil, KVRouteConfig{Replicas: 2, Events: &heldBy{}})
+	cands := []*fleet.Backend{fleet.NewBackend(0, "a", nil), fleet.NewBackend(1, "b", nil)}
+	for _, tc := range []struct {
+		name string
+		cand []candidate
+		want int // -1: both, by the hash
+	}{
+		{"holder within the slack", []candidate{{cost: 0.3, miss: 1000}, {cost: 0.4, cached: 900, miss: 100}}, 1},
+		{"a shared first block", []candidate{{cost: 0.3, miss: 1000}, {cost: 0.35, cached: 100, miss: 900}}, -1},
+		{"holder beyond the slack", []candidate{{cost: 0.3, miss: 1000}, {cost: 0.6, cached: 900, miss: 100}}, 0},
+		// Once this replica has seen no session come back, a prompt
+		// nobody holds goes to the cheapest, short of a near-tie.
+		{"one-request sessions", []candidate{{cost: 0.3, miss: 1000}, {cost: 0.35, cached: 100, miss: 900}}, 0},
+		{"one-request sessions, holder", []candidate{{cost: 0.3, miss: 1000}, {cost: 0.4, cached: 900, miss: 100}}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if strings.HasPrefix(tc.name, "one-request") {
+				for i := range 300 {
+					p.returns.place(uint64(i)|1, false, p.cfg.Replicas)
+				}
+			}
+			picks := map[int]bool{}
+			for key := uint64(1); key < 64; key += 2 {
+				picks[p.placeByKey(tc.cand, cands, 0, key)] = true
+			}
+			switch {
+			case tc.want < 0 && len(picks) != 2:
+				t.Errorf("placed on %v over 32 keys, want both", picks)
+			case tc.want >= 0 && (len(picks) != 1 || !picks[tc.want]):
+				t.Errorf("placed on %v over 32 keys, want only %d", picks, tc.want)
+			}
+		})
+	}
+}
+
+// A replica learns whether sessions come back: traffic whose sessions it
+// never sees twice (one-request sessions) stops counting as conversations
+// within a few hundred requests, while conversations whose turns are
+// split over 8 replicas, a quarter of them reaching one that routed their
+// session before, keep counting; so do a run's first requests.
+func TestReturningSessions(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		every  int // every every-th request continues a session here; 0: none
+		n      int
+		want   bool
+		placed int // requests placed by key
+	}{
+		{"fresh", 0, 0, true, 0},
+		{"a first burst of new sessions", 0, 40, true, 40},
+		{"one-request sessions", 0, 200, false, 200},
+		{"conversations", 4, 400, true, 300},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r returning
+			placed := 0
+			for i := range tc.n {
+				if r.place(uint64(i)|1, tc.every > 0 && i%tc.every == 0, 8) {
+					placed++
+				}
+			}
+			if r.place(0, false, 8) {
+				t.Error("placed a request without a key")
+			}
+			if got := r.conversations(8); got != tc.want {
+				t.Errorf("conversations = %v after %d requests (share %.3f), want %v", got, tc.n, r.seen, tc.want)
+			}
+			if placed != tc.placed {
+				t.Errorf("%d placed by key, want %d", placed, tc.placed)
 			}
 		})
 	}

@@ -168,3 +168,10 @@ func (k *kvFeed) Match(_ *router.Request, cands []*fleet.Backend, dst []router.K
 		dst[i] = router.KVState{Tokens: m.Blocks * m.BlockSize, Known: m.State != kvevents.Unknown, Exact: m.State == kvevents.Exact}
 	}
 }
+
+var _ router.KVHolders = (*kvFeed)(nil)
+
+// Holders implements router.KVHolders.
+func (k *kvFeed) Holders(_ *router.Request, _ []*fleet.Backend, dst []int32, want int) []int32 {
+	return k.store.Deepest(dst, func(int) []uint64 { return k.prompt }, want)
+}

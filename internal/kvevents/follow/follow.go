@@ -295,6 +295,25 @@ func (f *Follower) Match(req *router.Request, cands []*fleet.Backend, dst []rout
 	}
 }
 
+var _ router.KVHolders = (*Follower)(nil)
+
+// Holders implements router.KVHolders: the backends whose events say they
+// hold the deepest part of the prompt, for a pick that scores only a few
+// candidates. It tokenizes the prompt as Match does (the same cached
+// /tokenize answer serves both).
+func (f *Follower) Holders(req *router.Request, cands []*fleet.Backend, dst []int32, want int) []int32 {
+	if len(req.Body) == 0 || len(cands) == 0 || want <= 0 || !f.store.Holding() {
+		return dst
+	}
+	toks, err := f.tok.Tokens(context.Background(), cands[0], req.Body)
+	if err != nil {
+		return dst
+	}
+	return f.store.Deepest(dst, func(blockSize int) []uint64 {
+		return kvevents.TokenChain(nil, toks[:max(0, len(toks)-1)], blockSize)
+	}, want)
+}
+
 // anyKnown reports whether some candidate's events say anything: else a
 // prompt need not be tokenized.
 func (f *Follower) anyKnown(cands []*fleet.Backend) bool {
