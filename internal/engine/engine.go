@@ -329,7 +329,7 @@ func (e *Engine) admit(r *Request, budget int) bool {
 	if e.kv.free-idle < need {
 		return false
 	}
-	r.blocks = e.kv.take(r.blocks[:0], r.BlockHashes[:hits])
+	r.blocks = e.kv.take(r.blocks[:0], hits)
 	r.computed = computed
 	if !r.admitted {
 		r.admitted = true
