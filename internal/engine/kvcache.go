@@ -1,19 +1,23 @@
 package engine
 
-import "github.com/kvroute/kvroute/internal/hashtab"
-
 // kvCache is vLLM's paged KV cache with automatic prefix caching: a fixed
 // pool of blocks; a full block is published under the chained hash of its
 // content so later requests with the same prefix reuse it; blocks no request
 // holds stay cached in an LRU free queue and are evicted only when a new block
 // is needed. Not safe for concurrent use.
+//
+// Published blocks are found through groups (kvgroup.go): one table entry
+// for each run of groupBlocks consecutive blocks of a sequence, not one per
+// block, so that a fleet of engines with small blocks does a fraction of
+// the hash-table operations, each a cache miss. Which block is published,
+// found and evicted, and when, is exactly as with one entry per block.
 type kvCache struct {
 	blocks []kvBlock
 	// The free queue: every block with ref 0, least recently used first,
 	// linked through kvBlock.prev and next.
 	head, tail int32
 	free       int
-	byHash     hashtab.Table
+	groups     groupTable
 	// found are the blocks the last lookup found, for take.
 	found []int32
 	// evicted, when set, hears the hash of every published block that
@@ -29,7 +33,7 @@ type kvBlock struct {
 	hash       uint64 // content hash of a published block
 	ref        int32  // requests holding the block
 	prev, next int32
-	hashed     bool // whether the block is published under hash
+	at         int32 // where it is published (groupTable), or unpublished
 }
 
 const none int32 = -1
@@ -39,9 +43,10 @@ func newKVCache(blocks int) *kvCache {
 		blocks: make([]kvBlock, blocks),
 		head:   none,
 		tail:   none,
-		byHash: hashtab.New(blocks),
+		groups: newGroupTable(blocks),
 	}
 	for b := range blocks {
+		c.blocks[b].at = unpublished
 		c.pushTail(int32(b))
 	}
 	return c
@@ -77,14 +82,15 @@ func (c *kvCache) unlink(b int32) {
 	c.free--
 }
 
-// lookup returns how many leading hashes name published blocks, and how many
-// of those no request holds (they leave the free queue when taken). It
-// remembers the blocks for take.
+// lookup returns how many leading hashes (a sequence's, from its first
+// block) name published blocks, and how many of those no request holds (they
+// leave the free queue when taken). It remembers the blocks for take.
 func (c *kvCache) lookup(hashes []uint64) (hits, idle int) {
 	c.found = c.found[:0]
-	for _, h := range hashes {
-		b, ok := c.byHash.Get(h)
-		if !ok {
+	cur := newCursor()
+	for i := range hashes {
+		b := c.groups.find(&cur, hashes, i)
+		if b == none {
 			break
 		}
 		c.found = append(c.found, b)
@@ -116,9 +122,9 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 		b := c.head
 		c.unlink(b)
 		k := &c.blocks[b]
-		if k.hashed {
-			c.byHash.DeleteIf(k.hash, b)
-			k.hashed = false
+		if k.at != unpublished {
+			c.groups.remove(k.at, k.hash)
+			k.at = unpublished
 			evicted++
 			if c.evicted != nil {
 				c.evicted(k.hash)
@@ -130,16 +136,20 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 	return dst, evicted
 }
 
-// publish makes block b findable under h, unless another block already is
-// (two requests computed the same block at once): then b stays private. It
-// reports whether b was published.
-func (c *kvCache) publish(b int32, h uint64) bool {
-	if c.byHash.Insert(h, b) {
-		c.blocks[b].hash, c.blocks[b].hashed = h, true
-		return true
+// publish makes block b, block i of a sequence with block hashes hashes,
+// findable under hashes[i], unless another block already is (two requests
+// computed the same block at once): then b stays private. It reports
+// whether b was published. cur is the run's cursor (newCursor at its start).
+func (c *kvCache) publish(cur *cursor, b int32, hashes []uint64, i int) bool {
+	at, ok := c.groups.insert(cur, hashes, i, b)
+	if ok {
+		c.blocks[b].hash, c.blocks[b].at = hashes[i], at
 	}
-	return false
+	return ok
 }
+
+// cached returns how many blocks are published.
+func (c *kvCache) cached() int { return c.groups.published }
 
 // release drops one hold on each block. Blocks are released last first, so
 // that of a freed sequence the tail (least likely shared) is evicted first.
