@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/hashtab"
 )
 
 // Errors returned by Add.
@@ -128,7 +130,7 @@ func (e *Engine) Stats() Stats {
 
 // CachedBlocks returns how many blocks the prefix cache holds findable by
 // their hashes: stored and not yet evicted, held by a request or not.
-func (e *Engine) CachedBlocks() int { return e.kv.cached() }
+func (e *Engine) CachedBlocks() int { return e.kv.published.Len() }
 
 // Add queues r, arrived at now. It fails if r's lengths are invalid or it
 // could never fit in the model's context or the KV cache.
@@ -356,7 +358,7 @@ func (e *Engine) grow(r *Request, n, need int) {
 // their hashes.
 func (e *Engine) publish(r *Request, from, to int) {
 	end := min(to/e.p.BlockSize, len(r.BlockHashes))
-	cur := newCursor()
+	cur := hashtab.NewCursor()
 	for i := from / e.p.BlockSize; i < end; i++ {
 		if e.kv.publish(&cur, r.blocks[i], r.BlockHashes, i) && e.observer != nil {
 			e.observer.Stored(r, i)

@@ -1,14 +1,16 @@
 package engine
 
+import "github.com/kvroute/kvroute/internal/hashtab"
+
 // kvCache is vLLM's paged KV cache with automatic prefix caching: a fixed
 // pool of blocks; a full block is published under the chained hash of its
 // content so later requests with the same prefix reuse it; blocks no request
 // holds stay cached in an LRU free queue and are evicted only when a new block
 // is needed. Not safe for concurrent use.
 //
-// Published blocks are found through groups (kvgroup.go): one table entry
-// for each run of groupBlocks consecutive blocks of a sequence, not one per
-// block, so that a fleet of engines with small blocks does a fraction of
+// Published blocks are found through a hashtab.Chains: one table entry for
+// each run of hashtab.GroupBlocks consecutive blocks of a sequence, not one
+// per block, so that a fleet of engines with small blocks does a fraction of
 // the hash-table operations, each a cache miss. Which block is published,
 // found and evicted, and when, is exactly as with one entry per block.
 type kvCache struct {
@@ -17,7 +19,7 @@ type kvCache struct {
 	// linked through kvBlock.prev and next.
 	head, tail int32
 	free       int
-	groups     groupTable
+	published  hashtab.Chains // block hash → block
 	// found are the blocks the last lookup found, for take.
 	found []int32
 	// evicted, when set, hears the hash of every published block that
@@ -33,20 +35,20 @@ type kvBlock struct {
 	hash       uint64 // content hash of a published block
 	ref        int32  // requests holding the block
 	prev, next int32
-	at         int32 // where it is published (groupTable), or unpublished
+	at         int32 // where it is published (hashtab.Chains.Insert), or hashtab.Absent
 }
 
 const none int32 = -1
 
 func newKVCache(blocks int) *kvCache {
 	c := &kvCache{
-		blocks: make([]kvBlock, blocks),
-		head:   none,
-		tail:   none,
-		groups: newGroupTable(blocks),
+		blocks:    make([]kvBlock, blocks),
+		head:      none,
+		tail:      none,
+		published: hashtab.NewChains(blocks),
 	}
 	for b := range blocks {
-		c.blocks[b].at = unpublished
+		c.blocks[b].at = hashtab.Absent
 		c.pushTail(int32(b))
 	}
 	return c
@@ -87,10 +89,10 @@ func (c *kvCache) unlink(b int32) {
 // leave the free queue when taken). It remembers the blocks for take.
 func (c *kvCache) lookup(hashes []uint64) (hits, idle int) {
 	c.found = c.found[:0]
-	cur := newCursor()
+	cur := hashtab.NewCursor()
 	for i := range hashes {
-		b := c.groups.find(&cur, hashes, i)
-		if b == none {
+		b, ok := c.published.Get(&cur, hashes, i)
+		if !ok {
 			break
 		}
 		c.found = append(c.found, b)
@@ -122,9 +124,9 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 		b := c.head
 		c.unlink(b)
 		k := &c.blocks[b]
-		if k.at != unpublished {
-			c.groups.remove(k.at, k.hash)
-			k.at = unpublished
+		if k.at != hashtab.Absent {
+			c.published.Remove(k.at, k.hash)
+			k.at = hashtab.Absent
 			evicted++
 			if c.evicted != nil {
 				c.evicted(k.hash)
@@ -139,17 +141,16 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 // publish makes block b, block i of a sequence with block hashes hashes,
 // findable under hashes[i], unless another block already is (two requests
 // computed the same block at once): then b stays private. It reports
-// whether b was published. cur is the run's cursor (newCursor at its start).
-func (c *kvCache) publish(cur *cursor, b int32, hashes []uint64, i int) bool {
-	at, ok := c.groups.insert(cur, hashes, i, b)
-	if ok {
-		c.blocks[b].hash, c.blocks[b].at = hashes[i], at
+// whether b was published. cur is the run's cursor (hashtab.NewCursor at its
+// start).
+func (c *kvCache) publish(cur *hashtab.Cursor, b int32, hashes []uint64, i int) bool {
+	at := c.published.Insert(cur, hashes, i, b)
+	if at == hashtab.Absent {
+		return false
 	}
-	return ok
+	c.blocks[b].hash, c.blocks[b].at = hashes[i], at
+	return true
 }
-
-// cached returns how many blocks are published.
-func (c *kvCache) cached() int { return c.groups.published }
 
 // release drops one hold on each block. Blocks are released last first, so
 // that of a freed sequence the tail (least likely shared) is evicted first.

@@ -9,7 +9,9 @@
 // of keys not in cache: here that is one probe of one array whose entries
 // keep key and value side by side (one cache miss, not one per array),
 // where a Go map after many deletions probes several groups, and the array
-// holds no pointer for the garbage collector to scan.
+// holds no pointer for the garbage collector to scan. Chains does the
+// same for the chained block hashes of sequences, with one entry for a run
+// of blocks.
 package hashtab
 
 import "math/bits"
