@@ -110,7 +110,7 @@ func New(p Profile) (*Engine, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	return &Engine{p: p, rf: p.roofline(), kv: newKVCache(p.Blocks())}, nil
+	return &Engine{p: p, rf: p.roofline(), kv: newKVCache(p.Blocks(), p.BlockSize)}, nil
 }
 
 // Profile returns the profile the engine models.
@@ -130,7 +130,7 @@ func (e *Engine) Stats() Stats {
 
 // CachedBlocks returns how many blocks the prefix cache holds findable by
 // their hashes: stored and not yet evicted, held by a request or not.
-func (e *Engine) CachedBlocks() int { return e.kv.published.Len() }
+func (e *Engine) CachedBlocks() int { return e.kv.published.len() }
 
 // Add queues r, arrived at now. It fails if r's lengths are invalid or it
 // could never fit in the model's context or the KV cache.

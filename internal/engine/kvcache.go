@@ -8,18 +8,17 @@ import "github.com/kvroute/kvroute/internal/hashtab"
 // holds stay cached in an LRU free queue and are evicted only when a new block
 // is needed. Not safe for concurrent use.
 //
-// Published blocks are found through a hashtab.Chains: one table entry for
-// each run of hashtab.GroupBlocks consecutive blocks of a sequence, not one
-// per block, so that a fleet of engines with small blocks does a fraction of
-// the hash-table operations, each a cache miss. Which block is published,
-// found and evicted, and when, is exactly as with one entry per block.
+// Published blocks are found through a blockIndex: with small blocks, one
+// table entry for each run of consecutive blocks of a sequence, not one per
+// block. Which block is published, found and evicted, and when, is exactly
+// as with one entry per block.
 type kvCache struct {
 	blocks []kvBlock
 	// The free queue: every block with ref 0, least recently used first,
 	// linked through kvBlock.prev and next.
 	head, tail int32
 	free       int
-	published  hashtab.Chains // block hash → block
+	published  blockIndex // block hash → block
 	// found are the blocks the last lookup found, for take.
 	found []int32
 	// evicted, when set, hears the hash of every published block that
@@ -35,17 +34,17 @@ type kvBlock struct {
 	hash       uint64 // content hash of a published block
 	ref        int32  // requests holding the block
 	prev, next int32
-	at         int32 // where it is published (hashtab.Chains.Insert), or hashtab.Absent
+	at         int32 // where it is published (blockIndex.insert), or hashtab.Absent
 }
 
 const none int32 = -1
 
-func newKVCache(blocks int) *kvCache {
+func newKVCache(blocks, blockSize int) *kvCache {
 	c := &kvCache{
 		blocks:    make([]kvBlock, blocks),
 		head:      none,
 		tail:      none,
-		published: hashtab.NewChains(blocks),
+		published: newBlockIndex(blocks, blockSize),
 	}
 	for b := range blocks {
 		c.blocks[b].at = hashtab.Absent
@@ -91,7 +90,7 @@ func (c *kvCache) lookup(hashes []uint64) (hits, idle int) {
 	c.found = c.found[:0]
 	cur := hashtab.NewCursor()
 	for i := range hashes {
-		b, ok := c.published.Get(&cur, hashes, i)
+		b, ok := c.published.get(&cur, hashes, i)
 		if !ok {
 			break
 		}
@@ -125,7 +124,7 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 		c.unlink(b)
 		k := &c.blocks[b]
 		if k.at != hashtab.Absent {
-			c.published.Remove(k.at, k.hash)
+			c.published.remove(k.at, k.hash)
 			k.at = hashtab.Absent
 			evicted++
 			if c.evicted != nil {
@@ -144,7 +143,7 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 // whether b was published. cur is the run's cursor (hashtab.NewCursor at its
 // start).
 func (c *kvCache) publish(cur *hashtab.Cursor, b int32, hashes []uint64, i int) bool {
-	at := c.published.Insert(cur, hashes, i, b)
+	at := c.published.insert(cur, hashes, i, b)
 	if at == hashtab.Absent {
 		return false
 	}
