@@ -37,7 +37,8 @@ func (x *blockIndex) get(cur *hashtab.Cursor, hashes []uint64, i int) (int32, bo
 }
 
 // insert publishes b as block i of hashes, unless a block is published
-// under hashes[i], and returns where, for remove, or hashtab.Absent.
+// under hashes[i], and returns where, for remove (any value but
+// hashtab.Absent when there is one entry per block), or hashtab.Absent.
 func (x *blockIndex) insert(cur *hashtab.Cursor, hashes []uint64, i int, b int32) int32 {
 	if x.grouped {
 		return x.chains.Insert(cur, hashes, i, b)
