@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/hashtab"
 )
 
 // Errors returned by Add.
@@ -108,7 +110,7 @@ func New(p Profile) (*Engine, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	return &Engine{p: p, rf: p.roofline(), kv: newKVCache(p.Blocks())}, nil
+	return &Engine{p: p, rf: p.roofline(), kv: newKVCache(p.Blocks(), p.BlockSize)}, nil
 }
 
 // Profile returns the profile the engine models.
@@ -128,7 +130,7 @@ func (e *Engine) Stats() Stats {
 
 // CachedBlocks returns how many blocks the prefix cache holds findable by
 // their hashes: stored and not yet evicted, held by a request or not.
-func (e *Engine) CachedBlocks() int { return e.kv.byHash.Len() }
+func (e *Engine) CachedBlocks() int { return e.kv.published.len() }
 
 // Add queues r, arrived at now. It fails if r's lengths are invalid or it
 // could never fit in the model's context or the KV cache.
@@ -329,7 +331,7 @@ func (e *Engine) admit(r *Request, budget int) bool {
 	if e.kv.free-idle < need {
 		return false
 	}
-	r.blocks = e.kv.take(r.blocks[:0], r.BlockHashes[:hits])
+	r.blocks = e.kv.take(r.blocks[:0], hits)
 	r.computed = computed
 	if !r.admitted {
 		r.admitted = true
@@ -356,8 +358,9 @@ func (e *Engine) grow(r *Request, n, need int) {
 // their hashes.
 func (e *Engine) publish(r *Request, from, to int) {
 	end := min(to/e.p.BlockSize, len(r.BlockHashes))
+	cur := hashtab.NewCursor()
 	for i := from / e.p.BlockSize; i < end; i++ {
-		if e.kv.publish(r.blocks[i], r.BlockHashes[i]) && e.observer != nil {
+		if e.kv.publish(&cur, r.blocks[i], r.BlockHashes, i) && e.observer != nil {
 			e.observer.Stored(r, i)
 		}
 	}

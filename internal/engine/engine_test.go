@@ -1,10 +1,14 @@
 package engine
 
 import (
+	"encoding/binary"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // testProfile is the default profile with a small cache and budget so that
@@ -342,5 +346,23 @@ func TestStatsAddUp(t *testing.T) {
 	}
 	if s.UsedBlocks != 0 || s.Finished != 20 || s.BusyTime <= 0 {
 		t.Errorf("stats %+v", s)
+	}
+}
+
+// sum16 is xxhash.Sum64 of its two words, little-endian: the block hashes
+// a simulation chains do not change.
+func TestSum16(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 100_000 {
+		a, b := rng.Uint64(), rng.Uint64()
+		if i < 3 {
+			a, b = uint64(i), 0
+		}
+		var buf [16]byte
+		binary.LittleEndian.PutUint64(buf[:8], a)
+		binary.LittleEndian.PutUint64(buf[8:], b)
+		if got, want := sum16(a, b), xxhash.Sum64(buf[:]); got != want {
+			t.Fatalf("sum16(%#x, %#x) = %#x, xxhash %#x", a, b, got, want)
+		}
 	}
 }

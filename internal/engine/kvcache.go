@@ -7,94 +7,109 @@ import "github.com/kvroute/kvroute/internal/hashtab"
 // content so later requests with the same prefix reuse it; blocks no request
 // holds stay cached in an LRU free queue and are evicted only when a new block
 // is needed. Not safe for concurrent use.
+//
+// Published blocks are found through a blockIndex: with small blocks, one
+// table entry for each run of consecutive blocks of a sequence, not one per
+// block. Which block is published, found and evicted, and when, is exactly
+// as with one entry per block.
 type kvCache struct {
-	ref    []int32  // requests holding the block
-	hash   []uint64 // content hash of a published block
-	hashed []bool   // whether the block is published under hash
-	// The free queue: every block with ref 0, least recently used first.
-	prev, next []int32
+	blocks []kvBlock
+	// The free queue: every block with ref 0, least recently used first,
+	// linked through kvBlock.prev and next.
 	head, tail int32
 	free       int
-	byHash     hashtab.Table
+	published  blockIndex // block hash → block
+	// found are the blocks the last lookup found, for take.
+	found []int32
 	// evicted, when set, hears the hash of every published block that
 	// allocate evicts (vLLM's BlockRemoved).
 	evicted func(hash uint64)
 }
 
+// kvBlock is one block's state in one place: a fleet of simulated engines
+// holds tens of millions of blocks, and allocating or evicting one touches
+// all of its fields, so side by side they cost one cache miss, not one per
+// field.
+type kvBlock struct {
+	hash       uint64 // content hash of a published block
+	ref        int32  // requests holding the block
+	prev, next int32
+	at         int32 // where it is published (blockIndex.insert), or hashtab.Absent
+}
+
 const none int32 = -1
 
-func newKVCache(blocks int) *kvCache {
+func newKVCache(blocks, blockSize int) *kvCache {
 	c := &kvCache{
-		ref:    make([]int32, blocks),
-		hash:   make([]uint64, blocks),
-		hashed: make([]bool, blocks),
-		prev:   make([]int32, blocks),
-		next:   make([]int32, blocks),
-		head:   none,
-		tail:   none,
-		byHash: hashtab.New(blocks),
+		blocks:    make([]kvBlock, blocks),
+		head:      none,
+		tail:      none,
+		published: newBlockIndex(blocks, blockSize),
 	}
 	for b := range blocks {
+		c.blocks[b].at = hashtab.Absent
 		c.pushTail(int32(b))
 	}
 	return c
 }
 
-func (c *kvCache) total() int { return len(c.ref) }
+func (c *kvCache) total() int { return len(c.blocks) }
 
-func (c *kvCache) used() int { return len(c.ref) - c.free }
+func (c *kvCache) used() int { return len(c.blocks) - c.free }
 
 func (c *kvCache) pushTail(b int32) {
-	c.prev[b], c.next[b] = c.tail, none
+	c.blocks[b].prev, c.blocks[b].next = c.tail, none
 	if c.tail == none {
 		c.head = b
 	} else {
-		c.next[c.tail] = b
+		c.blocks[c.tail].next = b
 	}
 	c.tail = b
 	c.free++
 }
 
 func (c *kvCache) unlink(b int32) {
-	p, n := c.prev[b], c.next[b]
+	p, n := c.blocks[b].prev, c.blocks[b].next
 	if p == none {
 		c.head = n
 	} else {
-		c.next[p] = n
+		c.blocks[p].next = n
 	}
 	if n == none {
 		c.tail = p
 	} else {
-		c.prev[n] = p
+		c.blocks[n].prev = p
 	}
 	c.free--
 }
 
-// lookup returns how many leading hashes name published blocks, and how many
-// of those no request holds (they leave the free queue when taken).
+// lookup returns how many leading hashes (a sequence's, from its first
+// block) name published blocks, and how many of those no request holds (they
+// leave the free queue when taken). It remembers the blocks for take.
 func (c *kvCache) lookup(hashes []uint64) (hits, idle int) {
-	for _, h := range hashes {
-		b, ok := c.byHash.Get(h)
+	c.found = c.found[:0]
+	cur := hashtab.NewCursor()
+	for i := range hashes {
+		b, ok := c.published.get(&cur, hashes, i)
 		if !ok {
 			break
 		}
-		hits++
-		if c.ref[b] == 0 {
+		c.found = append(c.found, b)
+		if c.blocks[b].ref == 0 {
 			idle++
 		}
 	}
-	return hits, idle
+	return len(c.found), idle
 }
 
-// take appends the blocks published under the first n hashes (found by
-// lookup) to dst, holding each.
-func (c *kvCache) take(dst []int32, hashes []uint64) []int32 {
-	for _, h := range hashes {
-		b, _ := c.byHash.Get(h)
-		if c.ref[b] == 0 {
+// take appends the first n blocks the last lookup found to dst, holding
+// each. The cache must not have changed since that lookup.
+func (c *kvCache) take(dst []int32, n int) []int32 {
+	for _, b := range c.found[:n] {
+		if c.blocks[b].ref == 0 {
 			c.unlink(b)
 		}
-		c.ref[b]++
+		c.blocks[b].ref++
 		dst = append(dst, b)
 	}
 	return dst
@@ -107,29 +122,33 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 	for range n {
 		b := c.head
 		c.unlink(b)
-		if c.hashed[b] {
-			c.byHash.DeleteIf(c.hash[b], b)
-			c.hashed[b] = false
+		k := &c.blocks[b]
+		if k.at != hashtab.Absent {
+			c.published.remove(k.at, k.hash)
+			k.at = hashtab.Absent
 			evicted++
 			if c.evicted != nil {
-				c.evicted(c.hash[b])
+				c.evicted(k.hash)
 			}
 		}
-		c.ref[b] = 1
+		k.ref = 1
 		dst = append(dst, b)
 	}
 	return dst, evicted
 }
 
-// publish makes block b findable under h, unless another block already is
-// (two requests computed the same block at once): then b stays private. It
-// reports whether b was published.
-func (c *kvCache) publish(b int32, h uint64) bool {
-	if c.byHash.Insert(h, b) {
-		c.hash[b], c.hashed[b] = h, true
-		return true
+// publish makes block b, block i of a sequence with block hashes hashes,
+// findable under hashes[i], unless another block already is (two requests
+// computed the same block at once): then b stays private. It reports
+// whether b was published. cur is the run's cursor (hashtab.NewCursor at its
+// start).
+func (c *kvCache) publish(cur *hashtab.Cursor, b int32, hashes []uint64, i int) bool {
+	at := c.published.insert(cur, hashes, i, b)
+	if at == hashtab.Absent {
+		return false
 	}
-	return false
+	c.blocks[b].hash, c.blocks[b].at = hashes[i], at
+	return true
 }
 
 // release drops one hold on each block. Blocks are released last first, so
@@ -137,8 +156,8 @@ func (c *kvCache) publish(b int32, h uint64) bool {
 func (c *kvCache) release(blocks []int32) {
 	for i := len(blocks) - 1; i >= 0; i-- {
 		b := blocks[i]
-		c.ref[b]--
-		if c.ref[b] == 0 {
+		c.blocks[b].ref--
+		if c.blocks[b].ref == 0 {
 			c.pushTail(b)
 		}
 	}

@@ -6,9 +6,12 @@
 // The engine model indexes every published KV block with one, and the
 // router's prefix index every block it remembers. A fleet simulation does
 // a lookup, insertion or deletion for every block of every prompt, mostly
-// of keys not in cache: here that is one probe of two parallel arrays,
-// where a Go map after many deletions probes several groups, and neither
-// array holds a pointer for the garbage collector to scan.
+// of keys not in cache: here that is one probe of one array whose entries
+// keep key and value side by side (one cache miss, not one per array),
+// where a Go map after many deletions probes several groups, and the array
+// holds no pointer for the garbage collector to scan. Chains does the
+// same for the chained block hashes of sequences, with one entry for a run
+// of blocks.
 package hashtab
 
 import "math/bits"
@@ -16,11 +19,23 @@ import "math/bits"
 // Table maps uint64 keys to int32 values in [0, MaxInt32). The zero Table
 // is empty and ready to use. Not safe for concurrent use.
 type Table struct {
-	keys  []uint64
-	vals  []int32 // value + 1; 0 marks an empty slot
+	slots []slot
 	n     int
 	shift uint
 	mask  uint64
+}
+
+// slot is one entry: 12 bytes (a uint64 key would pad it to 16 and grow a
+// fleet's tables by a third), so that a few straddle two cache lines.
+type slot struct {
+	lo, hi uint32 // the key's halves
+	val    int32  // value + 1; 0 marks an empty slot
+}
+
+func (s *slot) key() uint64 { return uint64(s.hi)<<32 | uint64(s.lo) }
+
+func newSlot(key uint64, stored int32) slot {
+	return slot{lo: uint32(key), hi: uint32(key >> 32), val: stored}
 }
 
 // New returns a table that holds size entries before it first grows.
@@ -33,13 +48,13 @@ func New(size int) Table {
 // resize rehashes into a power of two of at least slots slots (and 8).
 func (t *Table) resize(slots int) {
 	n := 1 << bits.Len(uint(max(slots, 8)-1))
-	keys, vals := t.keys, t.vals
-	t.keys, t.vals = make([]uint64, n), make([]int32, n)
+	old := t.slots
+	t.slots = make([]slot, n)
 	t.shift, t.mask = uint(64-bits.TrailingZeros(uint(n))), uint64(n-1)
 	t.n = 0
-	for i, v := range vals {
-		if v != 0 {
-			t.place(keys[i], v)
+	for _, s := range old {
+		if s.val != 0 {
+			t.place(s.key(), s.val)
 		}
 	}
 }
@@ -57,27 +72,27 @@ func (t *Table) Get(h uint64) (int32, bool) {
 		return 0, false
 	}
 	for i := t.home(h); ; i = (i + 1) & t.mask {
-		switch v := t.vals[i]; {
-		case v == 0:
+		switch s := &t.slots[i]; {
+		case s.val == 0:
 			return 0, false
-		case t.keys[i] == h:
-			return v - 1, true
+		case s.key() == h:
+			return s.val - 1, true
 		}
 	}
 }
 
 // Insert sets h to v unless h is present, and reports whether it did.
 func (t *Table) Insert(h uint64, v int32) bool {
-	if 2*(t.n+1) > len(t.vals) {
-		t.resize(2 * len(t.vals))
+	if 2*(t.n+1) > len(t.slots) {
+		t.resize(2 * len(t.slots))
 	}
 	for i := t.home(h); ; i = (i + 1) & t.mask {
-		switch w := t.vals[i]; {
-		case w == 0:
-			t.keys[i], t.vals[i] = h, v+1
+		switch s := &t.slots[i]; {
+		case s.val == 0:
+			*s = newSlot(h, v+1)
 			t.n++
 			return true
-		case t.keys[i] == h:
+		case s.key() == h:
 			return false
 		}
 	}
@@ -86,10 +101,10 @@ func (t *Table) Insert(h uint64, v int32) bool {
 // place puts an entry known to be absent into a table with room.
 func (t *Table) place(h uint64, stored int32) {
 	i := t.home(h)
-	for t.vals[i] != 0 {
+	for t.slots[i].val != 0 {
 		i = (i + 1) & t.mask
 	}
-	t.keys[i], t.vals[i] = h, stored
+	t.slots[i] = newSlot(h, stored)
 	t.n++
 }
 
@@ -102,11 +117,11 @@ func (t *Table) DeleteIf(h uint64, v int32) {
 		return
 	}
 	for i := t.home(h); ; i = (i + 1) & t.mask {
-		switch w := t.vals[i]; {
-		case w == 0:
+		switch s := &t.slots[i]; {
+		case s.val == 0:
 			return
-		case t.keys[i] == h:
-			if v >= 0 && w != v+1 {
+		case s.key() == h:
+			if v >= 0 && s.val != v+1 {
 				return
 			}
 			t.removeAt(i)
@@ -121,18 +136,18 @@ func (t *Table) DeleteIf(h uint64, v int32) {
 // early and no tombstones accumulate.
 func (t *Table) removeAt(i uint64) {
 	for {
-		t.vals[i] = 0
+		t.slots[i].val = 0
 		j := i
 		for {
 			j = (j + 1) & t.mask
-			if t.vals[j] == 0 {
+			if t.slots[j].val == 0 {
 				return
 			}
 			// The entry at j may fill the hole at i unless its home lies
 			// cyclically in (i, j].
-			k := t.home(t.keys[j])
+			k := t.home(t.slots[j].key())
 			if (j-k)&t.mask >= (j-i)&t.mask {
-				t.keys[i], t.vals[i] = t.keys[j], t.vals[j]
+				t.slots[i] = t.slots[j]
 				i = j
 				break
 			}

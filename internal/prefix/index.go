@@ -74,6 +74,7 @@ type Index struct {
 	// backends hold.
 	held hashtab.Table
 	bis  []int32 // MatchFew's scratch
+	sink uint64  // what prefetch read, kept so that the reads are not dropped
 	// more are the holder lists of blocks with more than two holders;
 	// spare lists those not in use, with their memory.
 	more  [][]holder
@@ -256,12 +257,44 @@ func (ix *Index) Match(hashes []uint64, matched ...[]int) int {
 func (ix *Index) Insert(backend int, hashes []uint64) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.prefetch(backend, hashes)
 	// Touch in reverse so that the prompt's first block ends up most
 	// recent: engines evict a sequence's tail first, and a shared prefix
 	// outlives the tails that hang off it.
 	for i := len(hashes) - 1; i >= 0; i-- {
 		ix.touch(backend, hashes[i])
 	}
+}
+
+// prefetch reads, changing nothing, what inserting hashes for backend will
+// most likely touch: each hash's slot in byHash and its block, and the
+// blocks at the tail of backend's lists (the ones a full list evicts) with
+// their slots. At a thousand backends each of these is a cache miss; one
+// after another, each touch waits for its own, while these loads do not
+// depend on each other and the processor overlaps them.
+func (ix *Index) prefetch(backend int, hashes []uint64) {
+	var sum uint64
+	news := 0
+	for _, h := range hashes {
+		if bi, ok := ix.byHash.Get(h); ok {
+			sum += ix.blocks[bi].hash
+		} else {
+			news++
+		}
+	}
+	for t := range ix.tiers {
+		l := &ix.tiers[t][backend]
+		n := l.tail
+		for range min(news, l.size) {
+			b := &ix.blocks[l.nodes[n].b]
+			if b.n == 1 && b.more == 0 { // its last holder: the slot goes too
+				v, _ := ix.byHash.Get(b.hash)
+				sum += uint64(v)
+			}
+			n = l.nodes[n].prev
+		}
+	}
+	ix.sink = sum
 }
 
 // Forget removes backend's claim on hashes[from:]: it turned out not to

@@ -230,3 +230,29 @@ func TestGrowAndClear(t *testing.T) {
 		t.Errorf("Match after re-insert = %d, want 4", got)
 	}
 }
+
+// BenchmarkInsertFull inserts prompts of 24 blocks, a shared first one and
+// 23 of their own, into a two-tier index of 1,000 backends that is full:
+// every insertion evicts in both tiers, as kvroute's index does on a
+// thousand-server Mooncake simulation.
+func BenchmarkInsertFull(b *testing.B) {
+	const backends, capacity, blocks = 1000, 1000, 24
+	ix := NewTiered(backends, capacity, 2*capacity)
+	rng := rand.New(rand.NewPCG(1, 2))
+	prompt := make([]uint64, blocks)
+	insert := func() {
+		prompt[0] = 1
+		for i := 1; i < blocks; i++ {
+			prompt[i] = rng.Uint64()
+		}
+		ix.Insert(rng.IntN(backends), prompt)
+	}
+	for range backends * 2 * capacity / blocks * 3 / 2 {
+		insert()
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		insert()
+	}
+}
