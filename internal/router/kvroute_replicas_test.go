@@ -83,16 +83,7 @@ func TestPlacementLeavesOutTheStream(t *testing.T) {
 		{"dearer by the prefill", []candidate{{cost: 0.3}, {cost: 0.6}}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			picks := map[int]bool{}
-			for key := uint64(1); key < 64; key += 2 {
-				picks[p.placeByKey(tc.cand, cands, 0, key)] = true
-			}
-			switch {
-			case tc.want < 0 && len(picks) != 2:
-				t.Errorf("placed on %v over 32 keys, want both", picks)
-			case tc.want >= 0 && (len(picks) != 1 || !picks[tc.want]):
-				t.Errorf("placed on %v over 32 keys, want only %d", picks, tc.want)
-			}
+			checkPlaced(t, p, tc.cand, cands, tc.want)
 		})
 	}
 }
@@ -171,16 +162,7 @@ func TestPlacementFollowsEvents(t *testing.T) {
 					p.returns.place(uint64(i)|1, false, p.cfg.Replicas)
 				}
 			}
-			picks := map[int]bool{}
-			for key := uint64(1); key < 64; key += 2 {
-				picks[p.placeByKey(tc.cand, cands, 0, key)] = true
-			}
-			switch {
-			case tc.want < 0 && len(picks) != 2:
-				t.Errorf("placed on %v over 32 keys, want both", picks)
-			case tc.want >= 0 && (len(picks) != 1 || !picks[tc.want]):
-				t.Errorf("placed on %v over 32 keys, want only %d", picks, tc.want)
-			}
+			checkPlaced(t, p, tc.cand, cands, tc.want)
 		})
 	}
 }
@@ -221,5 +203,21 @@ func TestReturningSessions(t *testing.T) {
 				t.Errorf("%d placed by key, want %d", placed, tc.placed)
 			}
 		})
+	}
+}
+
+// checkPlaced places cand over 32 keys: want < 0 expects both of two
+// candidates to be chosen for some key, else only candidate want.
+func checkPlaced(t *testing.T, p *KVRoute, cand []candidate, cands []*fleet.Backend, want int) {
+	t.Helper()
+	picks := map[int]bool{}
+	for key := uint64(1); key < 64; key += 2 {
+		picks[p.placeByKey(cand, cands, 0, key)] = true
+	}
+	switch {
+	case want < 0 && len(picks) != 2:
+		t.Errorf("placed on %v over 32 keys, want both", picks)
+	case want >= 0 && (len(picks) != 1 || !picks[want]):
+		t.Errorf("placed on %v over 32 keys, want only %d", picks, want)
 	}
 }
