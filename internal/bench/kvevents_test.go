@@ -31,7 +31,7 @@ func TestBenchFollowsKVEvents(t *testing.T) {
 	for _, events := range []bool{false, true} {
 		rep, err := RunBench(context.Background(), Config{
 			Workload: w, Backends: 2, Profile: p, TimeScale: 0.1, Seed: 3, Users: 1,
-			Policies: []string{"kvroute"}, KVEvents: events,
+			Policies: []string{"kvroute"}, KVEvents: events, Predictions: true,
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -57,6 +57,11 @@ type Config struct {
 	// KVEvents makes the emulators publish their KV events and the router
 	// follow them (FleetConfig.KVEvents).
 	KVEvents bool
+	// Predictions reports, per policy that predicts, the share of requests
+	// whose cached tokens it predicted to the block (the demo leaves it
+	// out: without the engines' events the index predicts in its own
+	// blocks of bytes, which a newcomer would read as a failure).
+	Predictions bool
 	// Faults, when set, is played against the emulated backends during
 	// every run, the same for each policy. It needs open-loop arrivals and
 	// the backends it names.
@@ -186,7 +191,7 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 	run := &results.Run{Policy: policy, Requests: reqs, Backends: series}
 	run.Summary = results.Summarize(policy, reqs)
 	run.Summary.ApplySLO(reqs, cfg.SLO)
-	if f.watch == nil && slices.ContainsFunc(reqs, func(r results.Result) bool { return r.PredictedCached > 0 }) {
+	if cfg.Predictions && f.watch == nil && slices.ContainsFunc(reqs, func(r results.Result) bool { return r.PredictedCached > 0 }) {
 		// The router told its predictions (proxy.Config.Explain), and the
 		// emulators' block size is known.
 		run.Summary.PredictionAccuracy = results.PredictionAccuracy(reqs, cfg.Profile.BlockSize)
