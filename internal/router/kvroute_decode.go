@@ -28,11 +28,14 @@ import (
 // seconds the router sent b per second lately (decayed); and joining b
 // delays the requests in flight there by
 //
-//	others(b) = stalled_b × (own prefill on b + step growth × min(n, mean output)),
+//	others(b) = stalled_b × (w_stall × least prefill + w_recompute × (own prefill on b − least prefill)
+//	                         + w_grow × step growth × min(n, mean output)),
 //
-// the own prefill stalling every stream it shares steps with, and the
-// request's KV making each of their steps longer while both decode;
-// stalled_b counts b's streams, short ones more (see stalled). The
+// the own prefill stalling every stream it shares steps with (least: what
+// the candidate needing the least prefill needs, which no choice avoids),
+// and the request's KV making each of their steps longer while both
+// decode, each part weighed (streamWeights); stalled_b counts b's streams,
+// short ones more (see stalled). The
 // request's expected tokens n come from outputs (kvroute_output.go).
 
 // decodeFit is a learned model of the time between tokens on a backend,
@@ -168,12 +171,25 @@ func (s *share) now(now float64) float64 {
 	return s.rate * math.Exp(-(now-s.at)/decodeWindow)
 }
 
-// othersDelay is the seconds the requests in flight on a backend lose when
-// a request joins it: its own prefill (own seconds) stalls every one of
-// them, and, while both decode, each of their steps grows by grow seconds
-// for up to overlap tokens.
-func othersDelay(requests, own, grow, overlap float64) float64 {
-	return requests * (own + grow*overlap)
+// delayWeights weigh, against a second of time to first token, the parts
+// of the seconds the requests in flight on a backend lose when a request
+// joins it (see streamWeights).
+type delayWeights struct {
+	stall     float64 // a second of the prefill any candidate would need
+	recompute float64 // a second of prefill this backend adds by not holding the prompt
+	grow      float64 // a second of their steps lengthened by its KV
+}
+
+// all counts every second of the delay at its worth.
+var all = delayWeights{stall: 1, recompute: 1, grow: 1}
+
+// othersDelay is the weighed seconds the requests in flight on a backend
+// lose when a request joins it: its own prefill (own seconds, of which
+// least any candidate would need) stalls every one of them, and, while
+// both decode, each of their steps grows by grow seconds for up to overlap
+// tokens.
+func (w delayWeights) othersDelay(requests, least, own, grow, overlap float64) float64 {
+	return requests * (w.stall*least + w.recompute*(own-least) + w.grow*grow*overlap)
 }
 
 // Objective is what kvroute minimises (KVRouteConfig.Objective).
@@ -204,9 +220,10 @@ type SLO struct {
 // top of this file); its zero value (the TTFT objective) adds nothing.
 type streamCost struct {
 	on      bool
-	others  bool      // price the delay to the streams in flight (one router only, see stream)
-	wOwn    float64   // the weight of the request's own stream in its cost (see streamWeights)
-	wOthers float64   // and of the delay to the streams in flight
+	others  bool    // price the delay to the streams in flight (one router only, see stream)
+	wOwn    float64 // the weight of the request's own stream in its cost (see streamWeights)
+	wOthers delayWeights
+	least   float64   // the least own prefill of any candidate, seconds
 	out     float64   // expected tokens of the stream
 	need    float64   // KV tokens the request will hold (prompt + a high quantile of its stream)
 	overlap float64   // tokens the streams it joins and its own decode together, at most
@@ -242,35 +259,46 @@ func (s *streamCost) cost(i int, c *candidate, l fleet.Load) float64 {
 	if !s.others {
 		return s.wOwn * s.out * per
 	}
-	return s.wOwn*s.out*per + s.wOthers*othersDelay(stalled(n, s.typical, s.inverse[i]), c.own, grow, s.overlap)
+	return s.wOwn*s.out*per + s.wOthers.othersDelay(stalled(n, s.typical, s.inverse[i]), s.least, c.own, grow, s.overlap)
 }
 
 // streamWeights returns, under the e2e objective, what a second of the
-// request's own stream and a second of the delay it adds to the streams in
-// flight weigh against a second of time to first token, for a request
-// whose own prefill takes at least least seconds on any candidate.
+// request's own stream and a second of each part of the delay it adds to
+// the streams in flight weigh against a second of time to first token, for
+// a request whose own prefill takes at least least seconds on any
+// candidate.
 //
 // A stream already running loses less than a request waiting for its first
 // token: its reader has text, and a stall stretches its pace. Counted at
-// full weight, the delay to the streams in flight sent prefill wherever few
-// streams ran, which is where other prefill was queued (Mooncake at 3× its
-// rate, seeds 1–5: TTFT p99 10.1 s against 5.8 s for the TTFT objective).
+// full weight, the stall by the prefill any candidate needs sent long
+// prompts wherever few streams ran, which is where other prefill was queued
+// (Mooncake at 3× its rate, seeds 1–5: TTFT p99 10.1 s against 5.8 s for the
+// TTFT objective): it counts a quarter. The recompute a backend adds by not
+// holding the prompt is the part a choice avoids, and it counts double: at
+// a quarter, long-gen's sessions moved off their cache onto busy backends
+// and their prefill pushed those backends' short replies over 25 ms a token
+// (seeds 1–5: goodput 94.2 against preble-e2's 95.6 %); at 2 it is 95.5 %,
+// its TTFT p99 0.27 → 0.10 s, and Mooncake at 3× gains goodput (81.4 →
+// 82.7 %) and hit rate (12.3 → 12.9 %) for a little of its TTFT tail (p99
+// 5.78 → 5.95 s); 1 and 4 did worse. The growth of their steps by the
+// request's KV is left out: counted at a quarter it moved sessions off
+// their cache too (long-gen 95.1 %, Mooncake at 3× TTFT p99 6.3 s), and the
+// request's own time per token already prices the batch it joins.
 // The request's own stream weighs little for a short prompt, whose time per
 // token differs by milliseconds between backends: buying them with a queue
 // raised the TTFT p50 from 0.41 to 0.51 s. It weighs fully for a prompt
 // whose prefill takes ownStreamFull or more: there its time per token on a
 // backend, slowed by the prefill sent there lately, is what tells the
 // backends already computing long prompts, and at a quarter such prompts
-// queued behind each other (TTFT p99 7.2 s). With these weights, against
-// both at 1 (docs/BENCHMARKS.md, Streams): TTFT p50 513 → 431 ms and p99
-// 10.1 → 5.8 s (TTFT objective: 409 ms, 5.8 s), goodput 81.0 → 81.4 %,
-// e2e p99 43.7 → 39.3 s, ITL p99 88 → 95 ms, hit rate 11.3 → 12.3 %.
-func streamWeights(least float64) (own, others float64) {
-	return clamp(least/ownStreamFull, ownStreamLight, 1), othersWeight
+// queued behind each other (TTFT p99 7.2 s). docs/BENCHMARKS.md, Streams,
+// has every weight tried.
+func streamWeights(least float64) (own float64, others delayWeights) {
+	return clamp(least/ownStreamFull, ownStreamLight, 1), e2eDelay
 }
 
+var e2eDelay = delayWeights{stall: 0.25, recompute: 2, grow: 0}
+
 const (
-	othersWeight   = 0.25
 	ownStreamLight = 0.25
 	ownStreamFull  = 1.0 // s of prefill
 )
@@ -356,13 +384,13 @@ func (p *KVRoute) stream(req *Request, s *pickScratch, ln *learned, promptTokens
 	}
 	est := p.outputs.expect(req)
 	st.on, st.fit, st.shares = true, &ln.decode, s.shares
-	st.wOwn, st.wOthers = 1, 1
+	st.least = math.Inf(1)
+	for i := range s.cand {
+		st.least = min(st.least, s.cand[i].own)
+	}
+	st.wOwn, st.wOthers = 1, all
 	if p.cfg.Objective == ObjectiveE2E {
-		least := math.Inf(1)
-		for i := range s.cand {
-			least = min(least, s.cand[i].own)
-		}
-		st.wOwn, st.wOthers = streamWeights(least)
+		st.wOwn, st.wOthers = streamWeights(st.least)
 	}
 	// Behind replicas, each one's index knows only the prompts it routed,
 	// so the own prefill it predicts is off wherever another replica put

@@ -55,15 +55,19 @@ func TestDecodePerToken(t *testing.T) {
 
 func TestOthersDelay(t *testing.T) {
 	for _, tt := range []struct {
-		name                         string
-		requests, own, grow, overlap float64
-		want                         float64
+		name                                string
+		w                                   delayWeights
+		requests, least, own, grow, overlap float64
+		want                                float64
 	}{
-		{"idle backend", 0, 2, 0.001, 300, 0},
-		{"a prefill stalls every stream", 4, 0.5, 0, 300, 2},
-		{"its KV slows their steps", 2, 0, 0.001, 300, 0.6},
+		{"idle backend", all, 0, 0, 2, 0.001, 300, 0},
+		{"a prefill stalls every stream", all, 4, 0.2, 0.5, 0, 300, 2},
+		{"its KV slows their steps", all, 2, 0, 0, 0.001, 300, 0.6},
+		{"e2e: the needed prefill at a quarter", e2eDelay, 4, 0.5, 0.5, 0.001, 300, 0.5},
+		{"e2e: the recompute it adds at double", e2eDelay, 4, 0.1, 0.5, 0, 300, 4 * (0.025 + 0.8)},
+		{"e2e: the growth left out", e2eDelay, 2, 0, 0, 0.001, 300, 0},
 	} {
-		if got := othersDelay(tt.requests, tt.own, tt.grow, tt.overlap); math.Abs(got-tt.want) > 1e-9 {
+		if got := tt.w.othersDelay(tt.requests, tt.least, tt.own, tt.grow, tt.overlap); math.Abs(got-tt.want) > 1e-9 {
 			t.Errorf("%s: %v s, want %v", tt.name, got, tt.want)
 		}
 	}
@@ -90,7 +94,7 @@ func TestShareDecays(t *testing.T) {
 func TestSLOMisses(t *testing.T) {
 	d := newDecodeFit()
 	slo := SLO{TTFT: time.Second, TPOT: 20 * time.Millisecond}
-	st := streamCost{on: true, wOwn: 1, wOthers: 1, out: 100, need: 1000, overlap: 100, fit: &d, slo: &slo,
+	st := streamCost{on: true, wOwn: 1, wOthers: all, out: 100, need: 1000, overlap: 100, fit: &d, slo: &slo,
 		shares: []float64{0.8, 0}, inverse: make([]float64, 2), tpot: make([]float64, 2), pushed: make([]float64, 2)}
 	cand := []candidate{{own: 0.1, ttft: 0.2}, {own: 0.1, ttft: 0.5}}
 	loads := []fleet.Load{{}, {Requests: 2, DecodeTokens: 10_000}}
@@ -156,13 +160,14 @@ func TestStalled(t *testing.T) {
 
 func TestStreamWeights(t *testing.T) {
 	for _, tt := range []struct {
-		name               string
-		least              float64
-		wantOwn, wantOther float64
+		name      string
+		least     float64
+		wantOwn   float64
+		wantOther delayWeights
 	}{
-		{"short prompt", 0.05, ownStreamLight, othersWeight},
-		{"half a second of prefill", 0.5, 0.5, othersWeight},
-		{"long prompt", 3, 1, othersWeight},
+		{"short prompt", 0.05, ownStreamLight, e2eDelay},
+		{"half a second of prefill", 0.5, 0.5, e2eDelay},
+		{"long prompt", 3, 1, e2eDelay},
 	} {
 		own, others := streamWeights(tt.least)
 		if own != tt.wantOwn || others != tt.wantOther {
