@@ -93,7 +93,8 @@ type Config struct {
 	// burst of requests arriving together is routed before any); it is
 	// the bound that separates what the replicas' placement loses to
 	// stale counts from what it loses by itself (docs/BENCHMARKS.md,
-	// Router replicas).
+	// Router replicas). kvroute is told (KVRouteConfig.PeersExact), and
+	// with KVEvents decides as one router.
 	GossipEachRequest bool
 	// KVEvents makes every server publish its KV events (vLLM's
 	// BlockStored and BlockRemoved) and every replica's kvroute read them,
@@ -364,6 +365,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		if cfg.Gossip > 0 {
 			opts.KVRoute.PeerMaxAge = 3 * cfg.Gossip
 		}
+		opts.KVRoute.PeersExact = cfg.GossipEachRequest
 		if s.kv != nil {
 			opts.KVRoute.Events = s.kv
 		}
