@@ -56,6 +56,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.IntVar(&blockSize, "block-size", 0, "KV block of the servers in tokens, their KV capacity in tokens kept (default: the profile's; 512, the block of Mooncake's traces, simulates a large fleet many times faster)")
 	fs.DurationVar(&sf.cfg.Scrape, "scrape-interval", time.Second, "how often each router replica reads the servers' metrics")
 	fs.DurationVar(&sf.cfg.Gossip, "gossip", 0, "how often router replicas share their in-flight counts, as serve's --peer does every --peer-interval (0: never)")
+	fs.BoolVar(&sf.cfg.GossipEachRequest, "gossip-each-request", false, "router replicas also share their in-flight counts before every routing decision, as fresh as one router's (with --kv-events kvroute then decides as one router): the bound no poll reaches")
 	fs.BoolVar(&sf.cfg.ReplicaUnaware, "replica-unaware", false, "do not tell kvroute how many replicas share the fleet (to measure what that saves)")
 	fs.BoolVar(&sf.cfg.KVEvents, "kv-events", false, "servers publish their KV events (vLLM's BlockStored, BlockRemoved) and kvroute reads them: exact cached blocks instead of the index's guess")
 	fs.DurationVar(&sf.cfg.KVEventDelay, "kv-event-delay", sim.DefaultKVEventDelay, "with --kv-events: how long after the step that made them the routers see a server's events")

@@ -127,6 +127,11 @@ type KVRouteConfig struct {
 	// load and places sessions it does not know by consistent hashing (see
 	// kvroute_replicas.go).
 	Replicas int
+	// PeersExact tells a replica that the other replicas' counts reach it
+	// before every pick (the simulator's --gossip-each-request; no poll
+	// does): with the engines' KV events as well it then decides as one
+	// router (see asOne).
+	PeersExact bool
 	// PeerMaxAge is how old the other replicas' reported load may be and
 	// still count (default DefaultPeerMaxAge); past it, the replica scales
 	// its own counts instead.

@@ -398,8 +398,10 @@ func (p *KVRoute) stream(req *Request, s *pickScratch, ln *learned, promptTokens
 	// that error by the fleet's whole count of them (scaled or reported),
 	// and it moved turns off their cache (chat, 16 backends, 4 replicas
 	// with shared counts: 69 % of prompt tokens cached with it, 77 %
-	// without; docs/BENCHMARKS.md, Router replicas).
-	st.others = p.cfg.Replicas <= 1
+	// without; docs/BENCHMARKS.md, Router replicas). With the engines'
+	// events and the others' counts exact it prices it, as one router
+	// (asOne).
+	st.others = p.asOne()
 	if p.cfg.Objective == ObjectiveGoodput {
 		st.slo = &p.cfg.SLO
 		st.tpot = slices.Grow(s.tpot[:0], len(s.shares))[:len(s.shares)]

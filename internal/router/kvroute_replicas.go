@@ -35,6 +35,12 @@ import (
 //   - under the e2e objectives it prices a request's own stream but not
 //     its delay to the streams in flight (kvroute_decode.go, stream), and
 //     places by the cost without the stream (placed).
+//
+// With the engines' KV events and the others' counts exact at every pick
+// (the simulator's bound, KVRouteConfig.PeersExact) the last two are not
+// needed: it adds the others' counts and decides as one router (asOne).
+// Behind counts a poll old they are, since replicas route a burst that
+// arrives at once before any count reaches the others.
 
 // placementSlack is how much dearer, in predicted seconds, a backend may be
 // and still be where a replica places a session it has not seen: wider
@@ -118,12 +124,30 @@ func (q peerPrefill) wait(prefill func(tokens float64) float64) float64 {
 	return max(0, prefill(float64(q.tokens))-q.age)
 }
 
+// asOne reports whether this replica decides as one router does: it is the
+// only one, or it reads what every engine holds from their KV events and
+// the other replicas' counts reach it before every pick
+// (KVRouteConfig.PeersExact). Then none of what sets replicas apart is
+// left: the caches it prices and the load it counts are the fleet's, and
+// placing by hash or leaving the delay to others out only loses what one
+// router gains. Measured with the simulator's --gossip-each-request
+// (Mooncake, 64 servers, events, 8 replicas, seeds 1–3; docs/BENCHMARKS.md,
+// Router replicas): placed by hash, TTFT p99 5.83–5.84 s and end-to-end
+// p99 28.0–28.2 s against one router's 6.01 s and 22.8–23.0 s; as one
+// router, 5.84–5.88 s and 23.0–23.6 s, hit rate 98–101 % of one router's.
+// With counts a poll old it must not: the replicas route a burst arriving
+// at one instant before any count reaches the others, and priced alike
+// they herd (TTFT p99 8.91 s against 6.61 s placed by hash, seed 1).
+func (p *KVRoute) asOne() bool {
+	return p.cfg.Replicas <= 1 || p.cfg.PeersExact && p.cfg.Events != nil
+}
+
 // placementKey is what replicas agree on for req: its session key, else its
 // first prompt block; 0 (the cheapest, at random among near-ties) for a
-// single router.
+// single router and for a replica that decides as one (asOne).
 func (p *KVRoute) placementKey(req *Request, hashes []uint64) uint64 {
 	switch {
-	case p.cfg.Replicas <= 1:
+	case p.asOne():
 		return 0
 	case req.SessionKey != "":
 		return xxhash.Sum64String(req.SessionKey) | 1

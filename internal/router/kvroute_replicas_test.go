@@ -221,3 +221,65 @@ func checkPlaced(t *testing.T, p *KVRoute, cand []candidate, cands []*fleet.Back
 		t.Errorf("placed on %v over 32 keys, want only %d", picks, want)
 	}
 }
+
+// A replica that reads the engines' KV events and is told the other
+// replicas' counts reach it before every pick (PeersExact) decides as one
+// router: with the peers' reports in hand (here, all idle), it makes one
+// router's decisions request for request. Told less, it places the
+// sessions it has not seen by hash instead, and decides otherwise.
+func TestExactPeersDecideAsOne(t *testing.T) {
+	now := time.Unix(100, 0)
+	clock := func() time.Time { return now }
+	route := func(cfg KVRouteConfig, peers bool) []string {
+		var bs []*fleet.Backend
+		for i := range 6 {
+			b := fleet.NewBackend(i, string(rune('a'+i)), nil)
+			if peers {
+				b.SetPeerLoad(&fleet.PeerLoad{Peers: cfg.Replicas - 1, At: now})
+			}
+			bs = append(bs, b)
+		}
+		cfg.Events = &heldBy{prompt: strings.Repeat("held ", 800), backend: 4}
+		r, err := New("kvroute", bs, Options{Seed: 3, Now: clock, KVRoute: cfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for i := range 24 {
+			prompt := strings.Repeat("word ", 200*(1+i%5)) + strings.Repeat("x", i)
+			if i%6 == 5 {
+				prompt = strings.Repeat("held ", 800)
+			}
+			tk, err := r.Route(&Request{Prompt: prompt, SessionKey: string(rune('A' + i)), MaxTokens: 50 + 40*(i%3)}, bs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, tk.Decision.Backend.Name)
+		}
+		return got
+	}
+	one := route(KVRouteConfig{}, false)
+	for _, tc := range []struct {
+		name  string
+		cfg   KVRouteConfig
+		asOne bool
+	}{
+		{"counts exact, events", KVRouteConfig{Replicas: 8, PeersExact: true}, true},
+		{"counts a poll old, events", KVRouteConfig{Replicas: 8}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := route(tc.cfg, true)
+			t.Logf("one router %v, replica %v", one, got)
+			same := strings.Join(got, ",") == strings.Join(one, ",")
+			if same != tc.asOne {
+				t.Errorf("one router: %v\nreplica:    %v\nsame: %v, want %v", one, got, same, tc.asOne)
+			}
+		})
+	}
+	// Without events a replica's index knows only its own placements: told
+	// the counts are exact, it still places by hash.
+	p := NewKVRoute(nil, KVRouteConfig{Replicas: 8, PeersExact: true})
+	if p.asOne() {
+		t.Error("exact counts without events: decides as one router, want placement by hash")
+	}
+}

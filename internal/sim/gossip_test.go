@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -37,5 +38,50 @@ func TestGossipShortensTheTail(t *testing.T) {
 	}
 	if sharedHit < aloneHit-0.01 {
 		t.Errorf("hit rate with gossip %.3f, without %.3f", sharedHit, aloneHit)
+	}
+}
+
+// A burst of prompts arriving at one instant, split over four replicas:
+// counts shared by a poll (every 100 ms) cannot reach the others before
+// they route their share, and they send several prompts to one server while
+// others stay idle; shared before every decision (GossipEachRequest), every
+// replica sees what the others just sent, as one router would, and the
+// burst spreads one prompt a server. Mooncake's trace arrives in such
+// bursts (docs/BENCHMARKS.md, Router replicas).
+func TestGossipEachRequestSpreadsABurst(t *testing.T) {
+	const servers = 16
+	w := workload.Workload{Name: "burst"}
+	for i := range servers {
+		blocks := make([]uint64, 16)
+		for j := range blocks {
+			blocks[j] = uint64(i*100 + j + 1)
+		}
+		w.Sessions = append(w.Sessions, workload.Session{ID: fmt.Sprintf("s%d", i), Turns: []workload.Turn{
+			{Blocks: blocks, BlockTokens: 512, Tokens: 16 * 512, MaxTokens: 50},
+		}})
+	}
+	mostOnOne := func(each bool) int {
+		res, err := Run(context.Background(), Config{
+			Workload: w, Backends: servers, Routers: 4, Gossip: 100 * time.Millisecond, GossipEachRequest: each,
+			Profile: profile(t), Policies: []string{"kvroute"}, Seed: 1,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := map[string]int{}
+		most := 0
+		for _, r := range res.Runs[0].Requests {
+			per[r.Backend]++
+			most = max(most, per[r.Backend])
+		}
+		return most
+	}
+	polled, each := mostOnOne(false), mostOnOne(true)
+	t.Logf("most prompts of the burst on one server: %d with counts polled, %d shared before every decision", polled, each)
+	if polled < 2 {
+		t.Errorf("counts shared every 100 ms: at most %d prompt(s) of the burst on a server, want a herd (2 or more)", polled)
+	}
+	if each != 1 {
+		t.Errorf("counts shared before every decision: %d prompts of the burst on one server, want 1", each)
 	}
 }

@@ -159,6 +159,9 @@ func (s *simulation) send(i int) {
 		f.replica = int32(s.split.IntN(len(s.replicas)))
 	}
 	rep := s.replicas[f.replica]
+	if s.cfg.GossipEachRequest && len(s.replicas) > 1 {
+		s.gossip()
+	}
 	if s.kv != nil {
 		s.kv.routing(f.hashes, f.req.PromptLen)
 	}

@@ -86,6 +86,16 @@ type Config struct {
 	// (0: never; each scales its own counts by Routers). A replica's view
 	// of the others is as old as the last round.
 	Gossip time.Duration
+	// GossipEachRequest shares the replicas' in-flight counts before every
+	// routing decision as well: each replica then knows what the others
+	// have sent at the moment it routes, as one router does. No poll
+	// reaches that (a round of polls takes a network round trip, and a
+	// burst of requests arriving together is routed before any); it is
+	// the bound that separates what the replicas' placement loses to
+	// stale counts from what it loses by itself (docs/BENCHMARKS.md,
+	// Router replicas). kvroute is told (KVRouteConfig.PeersExact), and
+	// with KVEvents decides as one router.
+	GossipEachRequest bool
 	// KVEvents makes every server publish its KV events (vLLM's
 	// BlockStored and BlockRemoved) and every replica's kvroute read them,
 	// KVEventDelay after the step that made them ends (default
@@ -355,6 +365,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		if cfg.Gossip > 0 {
 			opts.KVRoute.PeerMaxAge = 3 * cfg.Gossip
 		}
+		opts.KVRoute.PeersExact = cfg.GossipEachRequest
 		if s.kv != nil {
 			opts.KVRoute.Events = s.kv
 		}
