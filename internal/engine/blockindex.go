@@ -58,15 +58,6 @@ func (x *blockIndex) remove(at int32, h uint64) {
 	}
 }
 
-// peek reads what remove(at, h) will read first (see hashtab.Chains.Peek).
-func (x *blockIndex) peek(at int32, h uint64) uint64 {
-	if x.grouped {
-		return x.chains.Peek(at, h)
-	}
-	v, _ := x.table.Get(h)
-	return uint64(v)
-}
-
 func (x *blockIndex) len() int {
 	if x.grouped {
 		return x.chains.Len()

@@ -358,9 +358,6 @@ func (e *Engine) grow(r *Request, n, need int) {
 // their hashes.
 func (e *Engine) publish(r *Request, from, to int) {
 	end := min(to/e.p.BlockSize, len(r.BlockHashes))
-	if end-from/e.p.BlockSize > 1 {
-		e.kv.prefetchPublish(r.BlockHashes[from/e.p.BlockSize : end])
-	}
 	cur := hashtab.NewCursor()
 	for i := from / e.p.BlockSize; i < end; i++ {
 		if e.kv.publish(&cur, r.blocks[i], r.BlockHashes, i) && e.observer != nil {

@@ -24,7 +24,6 @@ type kvCache struct {
 	// evicted, when set, hears the hash of every published block that
 	// allocate evicts (vLLM's BlockRemoved).
 	evicted func(hash uint64)
-	sink    uint64 // what prefetch read, kept so that the reads are not dropped
 }
 
 // kvBlock is one block's state in one place: a fleet of simulated engines
@@ -119,9 +118,6 @@ func (c *kvCache) take(dst []int32, n int) []int32 {
 // allocate appends n new blocks to dst, evicting the least recently used
 // cached blocks. The caller checks c.free >= n first.
 func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
-	if n > 1 {
-		c.prefetch(n)
-	}
 	evicted := 0
 	for range n {
 		b := c.head
@@ -139,39 +135,6 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 		dst = append(dst, b)
 	}
 	return dst, evicted
-}
-
-// prefetch reads, changing nothing, what allocating n blocks will touch:
-// the first n blocks of the free queue and, for the published ones, their
-// entries in the index. In a fleet's worth of caches each is a cache miss;
-// evicted one after another, each eviction waits for its index entry,
-// while here those loads do not wait for each other (only for the queue's
-// links) and the processor overlaps them.
-func (c *kvCache) prefetch(n int) {
-	var sum uint64
-	for b := c.head; n > 0 && b != none; n-- {
-		k := &c.blocks[b]
-		if k.at != hashtab.Absent {
-			sum += c.published.peek(k.at, k.hash)
-		}
-		b = k.next
-	}
-	c.sink = sum
-}
-
-// prefetchPublish reads, changing nothing, where publishing blocks under
-// hashes will look (prefetch's reasoning): with one index entry per block,
-// each hash's slot. Grouped blocks share a few entries, read once anyway.
-func (c *kvCache) prefetchPublish(hashes []uint64) {
-	if c.published.grouped {
-		return
-	}
-	var sum uint64
-	for _, h := range hashes {
-		v, _ := c.published.table.Get(h)
-		sum += uint64(v)
-	}
-	c.sink = sum
 }
 
 // publish makes block b, block i of a sequence with block hashes hashes,

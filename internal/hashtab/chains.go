@@ -127,19 +127,6 @@ func (t *Chains) Remove(at int32, h uint64) {
 	}
 }
 
-// Peek reads, changing nothing, what Remove(at, h) reads first and
-// returns a value made of it. A caller about to remove many values peeks
-// at them all first: the reads do not depend on each other and the
-// processor overlaps their cache misses, where the removals, one after
-// another, would each wait for their own.
-func (t *Chains) Peek(at int32, h uint64) uint64 {
-	if at == spilled {
-		v, _ := t.spill.Get(h)
-		return uint64(v)
-	}
-	return uint64(t.groups[at/GroupBlocks].n)
-}
-
 func (t *Chains) newGroup(key uint64) int32 {
 	var g int32
 	if n := len(t.unused); n > 0 {
