@@ -52,22 +52,31 @@ func Hash(dst []uint64, prompt string, blockBytes int) []uint64 {
 // and neither a Go map (slow once it has seen many deletions) nor a heap
 // object per block (work for the garbage collector) keeps up.
 //
-// An index may keep several tiers, each its own LRU list per backend with
+// An index may keep one or two tiers, each an LRU list per backend with
 // its own capacity, over one table of blocks: a policy that remembers a
 // backend's blocks at two horizons (what it surely holds, and what it held
 // lately) looks each block up once, not once per horizon. The methods
 // without a tier in their name work on tier 0.
+//
+// An insertion puts a block at the head of every tier, so each tier's
+// order is the order of the blocks' last insertion and the tiers of a
+// backend agree on the order of the blocks they share. They are therefore
+// one list per backend, each entry marked with the tiers it is in, and each
+// tier has its own tail (its least recently used entry): a block in both
+// tiers costs one entry, moved once when inserted again, not two; evicted
+// from the smaller tier, it only loses a mark.
 type Index struct {
 	mu     sync.Mutex
 	byHash hashtab.Table // block hash → index in blocks
 	blocks []block
 	unused []int32 // indexes of blocks no backend holds
+	lists  []list  // per backend: its blocks in any tier
 	tiers  [][]lru // per tier, per backend
 	// capacities are each tier's capacity for a backend Grow adds.
 	capacities []int
-	// held finds a hot block's holder by (block, backend, tier) (pairKey):
-	// a system prompt's first block is held by every backend in every
-	// tier, and at ten thousand backends a scan of its holders for each
+	// held finds a hot block's entry in a backend's list by (block,
+	// backend, tier) (pairKey): a system prompt's first block is held by
+	// every backend in every tier, and at ten thousand backends a scan of its holders for each
 	// refresh, forget or match of one backend costs more than the rest of
 	// a decision. Only hot blocks are in it: one entry per holder of
 	// every block would double the index's memory for blocks one or two
@@ -80,6 +89,9 @@ type Index struct {
 	more  [][]holder
 	spare []int32
 }
+
+// maxTiers bounds an index's tiers: an entry keeps a holder slot per tier.
+const maxTiers = 2
 
 // block is one prompt block and the backends holding it: up to two in the
 // block itself (most blocks are held by one backend, in both tiers), more
@@ -99,57 +111,69 @@ type block struct {
 // around the threshold does not move in and out of held).
 const hotHolders = 16
 
+// holder is one backend's claim on a block in one tier: a block in both
+// tiers of a backend has two holders, which name the same entry.
 type holder struct {
 	backend int32
 	tier    int32
-	node    int32 // the block's node in that backend's LRU list of the tier
+	node    int32 // the block's entry in that backend's list
 }
 
-// lru is one backend's blocks in one tier, most recently used at the head.
+// list is one backend's blocks in any of its tiers, most recently used at
+// the head.
+type list struct {
+	nodes []node
+	head  int32
+	free  int32 // a list of unused nodes, linked by next
+}
+
+// lru is one backend's blocks in one tier: the entries of its list marked
+// with the tier.
 type lru struct {
-	capacity   int
-	nodes      []node
-	head, tail int32
-	free       int32 // a list of unused nodes, linked by next
-	size       int
+	capacity int
+	size     int
+	tail     int32 // the tier's least recently used entry
 }
 
 type node struct {
-	b          int32 // index in Index.blocks
-	slot       int32 // its holder's index in the block's holders
+	b int32 // index in Index.blocks
+	// slot is, per tier, the block's holder's index in its holders, or
+	// notIn if the backend does not hold it in that tier.
+	slot       [maxTiers]int32
 	prev, next int32
 }
 
-const nilNode int32 = -1
+const (
+	nilNode int32 = -1
+	notIn   int32 = -1
+)
 
 // New returns an empty index for backends numbered 0..n-1, each holding at
 // most capacity blocks until SetCapacity says otherwise.
 func New(n, capacity int) *Index { return NewTiered(n, capacity) }
 
 // NewTiered returns an empty index for backends numbered 0..n-1 with one
-// tier per capacity: each backend holds at most capacities[t] blocks in
-// tier t until SetTierCapacity says otherwise.
+// tier per capacity (one or two): each backend holds at most
+// capacities[t] blocks in tier t until SetTierCapacity says otherwise.
 func NewTiered(n int, capacities ...int) *Index {
-	ix := &Index{tiers: make([][]lru, len(capacities)), capacities: capacities}
-	for t, c := range capacities {
-		ix.tiers[t] = make([]lru, n)
-		for i := range ix.tiers[t] {
-			ix.tiers[t][i] = newLRU(c)
-		}
+	if len(capacities) < 1 || len(capacities) > maxTiers {
+		panic("prefix: an index has one or two tiers")
 	}
+	ix := &Index{tiers: make([][]lru, len(capacities)), capacities: capacities}
+	ix.grow(n)
 	return ix
 }
 
-func newLRU(capacity int) lru {
-	return lru{capacity: max(capacity, 1), head: nilNode, tail: nilNode, free: nilNode}
-}
+func newList() list { return list{head: nilNode, free: nilNode} }
+
+func newLRU(capacity int) lru { return lru{capacity: max(capacity, 1), tail: nilNode} }
 
 // Backends returns how many backends the index has room for: they are
 // numbered 0..Backends()-1.
 func (ix *Index) Backends() int {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	return len(ix.tiers[0])
+	return len(ix.lists)
 }
 
 // Grow makes room for backends numbered up to n-1, each new one empty with
@@ -159,19 +183,24 @@ func (ix *Index) Backends() int {
 func (ix *Index) Grow(n int) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	for t := range ix.tiers {
-		for len(ix.tiers[t]) < n {
+	ix.grow(n)
+}
+
+func (ix *Index) grow(n int) {
+	for len(ix.lists) < n {
+		ix.lists = append(ix.lists, newList())
+		for t := range ix.tiers {
 			ix.tiers[t] = append(ix.tiers[t], newLRU(ix.capacities[t]))
 		}
 	}
 }
 
 // Clear forgets every block backend holds, in every tier, and frees its
-// lists' memory: the backend has left the fleet. Its capacities are kept.
+// list's memory: the backend has left the fleet. Its capacities are kept.
 func (ix *Index) Clear(backend int) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	if backend < 0 || backend >= len(ix.tiers[0]) {
+	if backend < 0 || backend >= len(ix.lists) {
 		return
 	}
 	for t := range ix.tiers {
@@ -181,6 +210,7 @@ func (ix *Index) Clear(backend int) {
 		}
 		*l = newLRU(l.capacity)
 	}
+	ix.lists[backend] = newList()
 }
 
 // SetCapacity bounds backend's blocks, forgetting its least recently used
@@ -268,10 +298,10 @@ func (ix *Index) Insert(backend int, hashes []uint64) {
 
 // prefetch reads, changing nothing, what inserting hashes for backend will
 // most likely touch: each hash's slot in byHash and its block, and the
-// blocks at the tail of backend's lists (the ones a full list evicts) with
-// their slots. At a thousand backends each of these is a cache miss; one
-// after another, each touch waits for its own, while these loads do not
-// depend on each other and the processor overlaps them.
+// blocks at the tail of each of backend's tiers (the ones a full tier
+// evicts) with their slots. At a thousand backends each of these is a
+// cache miss; one after another, each touch waits for its own, while
+// these loads do not depend on each other and the processor overlaps them.
 func (ix *Index) prefetch(backend int, hashes []uint64) {
 	var sum uint64
 	news := 0
@@ -282,16 +312,19 @@ func (ix *Index) prefetch(backend int, hashes []uint64) {
 			news++
 		}
 	}
+	l := &ix.lists[backend]
 	for t := range ix.tiers {
-		l := &ix.tiers[t][backend]
-		n := l.tail
-		for range min(news, l.size) {
+		n := ix.tiers[t][backend].tail
+		for k := min(news, ix.tiers[t][backend].size); k > 0 && n != nilNode; n = l.nodes[n].prev {
+			if l.nodes[n].slot[t] == notIn {
+				continue
+			}
+			k--
 			b := &ix.blocks[l.nodes[n].b]
 			if b.n == 1 && b.more == 0 { // its last holder: the slot goes too
 				v, _ := ix.byHash.Get(b.hash)
 				sum += uint64(v)
 			}
-			n = l.nodes[n].prev
 		}
 	}
 	ix.sink = sum
@@ -319,26 +352,41 @@ func (ix *Index) ForgetTier(t, backend int, hashes []uint64, from int) {
 }
 
 // touch makes h the most recently used block of backend in every tier,
-// adding it where new.
+// adding it where new. Tier by tier, in the order of two separate lists
+// (a tier's eviction, then its holder), so that every block's holders
+// stay in the order they always had: it decides which backends MatchFew
+// adds.
 func (ix *Index) touch(backend int, h uint64) {
 	bi, ok := ix.byHash.Get(h)
+	l := &ix.lists[backend]
+	n := nilNode
+	if ok {
+		n = ix.entry(bi, backend)
+	}
 	for t := range ix.tiers {
-		l := &ix.tiers[t][backend]
-		if ok && ix.refresh(l, bi, backend, t) {
+		tl := &ix.tiers[t][backend]
+		if n != nilNode && l.nodes[n].slot[t] != notIn {
+			ix.toHead(backend, n)
 			continue
 		}
-		if l.size >= l.capacity {
-			// Not h's block, if it exists: this backend does not hold it
-			// in this tier.
+		if tl.size >= tl.capacity {
+			// Never n's tier-t entry: it has none.
 			ix.evictTail(t, backend)
 		}
 		if !ok {
 			bi, ok = ix.newBlock(h), true
 		}
-		n := l.alloc(bi)
-		l.pushHead(n)
-		l.size++
-		l.nodes[n].slot = ix.addHolder(bi, holder{backend: int32(backend), tier: int32(t), node: n})
+		if n == nilNode {
+			n = l.alloc(bi)
+			l.pushHead(n)
+		} else {
+			ix.toHead(backend, n)
+		}
+		if tl.size == 0 {
+			tl.tail = n
+		}
+		tl.size++
+		l.nodes[n].slot[t] = ix.addHolder(bi, holder{backend: int32(backend), tier: int32(t), node: n})
 		switch {
 		case ix.blocks[bi].hot:
 			ix.held.Insert(ix.pairKey(bi, backend, t), n)
@@ -348,19 +396,27 @@ func (ix *Index) touch(backend int, h uint64) {
 	}
 }
 
-// refresh moves block bi to the head of l, backend's list in tier t, and
-// reports whether the backend held it there.
-func (ix *Index) refresh(l *lru, bi int32, backend, t int) bool {
-	n, ok := ix.holds(bi, backend, t)
-	if ok {
-		l.unlink(n)
-		l.pushHead(n)
+// toHead moves entry n of backend's list to the head. A tier whose tail it
+// was gets the next entry of that tier toward the head as its tail, if it
+// has one.
+func (ix *Index) toHead(backend int, n int32) {
+	l := &ix.lists[backend]
+	if l.head == n {
+		return
 	}
-	return ok
+	for t := range ix.tiers {
+		if tl := &ix.tiers[t][backend]; tl.tail == n {
+			if m := l.newer(n, t); m != nilNode {
+				tl.tail = m
+			}
+		}
+	}
+	l.unlink(n)
+	l.pushHead(n)
 }
 
-// holds returns the node of block bi in backend's list of tier t, if it
-// holds it there.
+// holds returns the entry of block bi in backend's list, if it holds it
+// in tier t.
 func (ix *Index) holds(bi int32, backend, t int) (int32, bool) {
 	if ix.blocks[bi].hot {
 		return ix.held.Get(ix.pairKey(bi, backend, t))
@@ -371,6 +427,25 @@ func (ix *Index) holds(bi int32, backend, t int) (int32, bool) {
 		}
 	}
 	return 0, false
+}
+
+// entry returns the entry of block bi in backend's list, in any tier, or
+// nilNode.
+func (ix *Index) entry(bi int32, backend int) int32 {
+	if ix.blocks[bi].hot {
+		for t := range ix.tiers {
+			if n, ok := ix.held.Get(ix.pairKey(bi, backend, t)); ok {
+				return n
+			}
+		}
+		return nilNode
+	}
+	for _, hd := range ix.holders(bi) {
+		if int(hd.backend) == backend {
+			return hd.node
+		}
+	}
+	return nilNode
 }
 
 // pairKey names (block bi, backend, tier t) in held.
@@ -411,18 +486,25 @@ func (ix *Index) evictTail(t, backend int) {
 	ix.remove(t, backend, ix.tiers[t][backend].tail)
 }
 
-// remove drops node n (a block) from backend's list in tier t and the
-// block's holders.
+// remove takes tier t from entry n (a block) of backend's list, the entry
+// from the list if that was its last tier, and the holder from the block's
+// holders.
 func (ix *Index) remove(t, backend int, n int32) {
-	l := &ix.tiers[t][backend]
-	bi, i := l.nodes[n].b, l.nodes[n].slot
+	l, tl := &ix.lists[backend], &ix.tiers[t][backend]
+	bi, i := l.nodes[n].b, l.nodes[n].slot[t]
+	l.nodes[n].slot[t] = notIn
+	tl.size--
+	if tl.tail == n {
+		tl.tail = l.newer(n, t)
+	}
 	b := &ix.blocks[bi]
 	if b.hot {
 		ix.held.Delete(ix.pairKey(bi, backend, t))
 	}
-	l.unlink(n)
-	l.release(n)
-	l.size--
+	if !l.nodes[n].inAny() {
+		l.unlink(n)
+		l.release(n)
+	}
 	// The last holder takes the removed one's slot (a shared prefix's
 	// block has a holder per backend and tier: no scan for it).
 	hs := ix.holders(bi)
@@ -430,7 +512,7 @@ func (ix *Index) remove(t, backend int, n int32) {
 	if i != last {
 		moved := hs[last]
 		hs[i] = moved
-		ix.tiers[moved.tier][moved.backend].nodes[moved.node].slot = i
+		ix.lists[moved.backend].nodes[moved.node].slot[moved.tier] = i
 	}
 	if b.more > 0 {
 		ix.more[b.more-1] = hs[:last]
@@ -486,33 +568,53 @@ func (ix *Index) addHolder(bi int32, h holder) int32 {
 	return int32(len(*l) - 1)
 }
 
-func (l *lru) alloc(b int32) int32 {
+// inAny reports whether the entry is in any tier.
+func (n *node) inAny() bool {
+	for _, s := range n.slot {
+		if s != notIn {
+			return true
+		}
+	}
+	return false
+}
+
+func (l *list) alloc(b int32) int32 {
+	nd := node{b: b, prev: nilNode, next: nilNode}
+	for t := range nd.slot {
+		nd.slot[t] = notIn
+	}
 	if l.free != nilNode {
 		n := l.free
 		l.free = l.nodes[n].next
-		l.nodes[n] = node{b: b, prev: nilNode, next: nilNode}
+		l.nodes[n] = nd
 		return n
 	}
-	l.nodes = append(l.nodes, node{b: b, prev: nilNode, next: nilNode})
+	l.nodes = append(l.nodes, nd)
 	return int32(len(l.nodes) - 1)
 }
 
-func (l *lru) release(n int32) {
+func (l *list) release(n int32) {
 	l.nodes[n] = node{b: -1, next: l.free, prev: nilNode}
 	l.free = n
 }
 
-func (l *lru) pushHead(n int32) {
+// newer returns the nearest entry to n toward the head that is in tier t,
+// or nilNode.
+func (l *list) newer(n int32, t int) int32 {
+	for n = l.nodes[n].prev; n != nilNode && l.nodes[n].slot[t] == notIn; n = l.nodes[n].prev {
+	}
+	return n
+}
+
+func (l *list) pushHead(n int32) {
 	l.nodes[n].prev, l.nodes[n].next = nilNode, l.head
 	if l.head != nilNode {
 		l.nodes[l.head].prev = n
-	} else {
-		l.tail = n
 	}
 	l.head = n
 }
 
-func (l *lru) unlink(n int32) {
+func (l *list) unlink(n int32) {
 	p, nx := l.nodes[n].prev, l.nodes[n].next
 	if p != nilNode {
 		l.nodes[p].next = nx
@@ -521,7 +623,5 @@ func (l *lru) unlink(n int32) {
 	}
 	if nx != nilNode {
 		l.nodes[nx].prev = p
-	} else {
-		l.tail = p
 	}
 }
