@@ -180,7 +180,8 @@ func (t *leanTransport) exchange(c *leanConn, req *http.Request) (*http.Response
 	if err != nil {
 		return fail(err)
 	}
-	res.Body = &leanBody{t: t, c: c, body: res.Body, stop: stop, keep: !res.Close && !req.Close}
+	chunked := res.Body != http.NoBody && len(res.TransferEncoding) == 1 && res.TransferEncoding[0] == "chunked"
+	res.Body = &leanBody{t: t, c: c, res: res, body: res.Body, stop: stop, keep: !res.Close && !req.Close, chunked: chunked}
 	return res, nil
 }
 
@@ -194,10 +195,14 @@ func isConnClosed(err error) bool {
 type leanBody struct {
 	t    *leanTransport
 	c    *leanConn // nil once released
+	res  *http.Response
 	body io.Reader
 	stop func() bool
 	keep bool // the response allows another request on the connection
 	eof  bool
+	// chunked is set for a chunked body, which push can take; read once
+	// the body has been read from.
+	chunked, read bool
 }
 
 var errBodyClosed = errors.New("read of a closed response body")
@@ -209,6 +214,7 @@ func (b *leanBody) Read(p []byte) (int, error) {
 		}
 		return 0, errBodyClosed
 	}
+	b.read = true
 	n, err := b.body.Read(p)
 	if err != nil {
 		b.eof = err == io.EOF
