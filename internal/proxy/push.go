@@ -3,6 +3,7 @@ package proxy
 import (
 	"io"
 	"syscall"
+	"unsafe"
 )
 
 // A stream is pushed, not read, on the lean path. Go's poller is
@@ -98,14 +99,14 @@ func (b *leanBody) pushSocket(raw syscall.RawConn, d *chunkDecoder, s byteSink) 
 			if p, err = s.space(); err != nil {
 				return true
 			}
-			m, rerr := syscall.Read(int(fd), p)
+			m, errno := rawRead(fd, p)
 			switch {
-			case rerr == syscall.EINTR:
+			case errno == syscall.EINTR:
 				continue
-			case rerr == syscall.EAGAIN:
+			case errno == syscall.EAGAIN:
 				return false // wait for the next edge
-			case rerr != nil:
-				err = rerr
+			case errno != 0:
+				err = errno
 				return true
 			case m == 0:
 				err = io.ErrUnexpectedEOF
@@ -159,4 +160,11 @@ func (b *leanBody) endChunked(d *chunkDecoder) error {
 		b.res.Trailer[k] = vv
 	}
 	return nil
+}
+
+// rawRead reads the non-blocking socket fd into p, which is not empty,
+// without telling the scheduler: see internal/server's rawWrite for why.
+func rawRead(fd uintptr, p []byte) (int, syscall.Errno) {
+	n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	return int(n), errno
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/kvroute/kvroute/internal/openai"
 )
@@ -36,10 +37,13 @@ func (l errorsListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return errorsConn{c}, nil
+	return newErrorsConn(c), nil
 }
 
-type errorsConn struct{ net.Conn }
+type errorsConn struct {
+	net.Conn
+	raw syscall.RawConn // nil: write through Conn
+}
 
 // Write sends p, or its JSON rewrite when p is net/http's own answer to a
 // request it could not read. It reports len(p) written when the rewrite
@@ -50,6 +54,9 @@ func (c errorsConn) Write(p []byte) (int, error) {
 			return 0, err
 		}
 		return len(p), nil
+	}
+	if c.raw != nil {
+		return rawWrite(c.raw, p)
 	}
 	return c.Conn.Write(p)
 }
