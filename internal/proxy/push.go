@@ -3,7 +3,8 @@ package proxy
 import (
 	"io"
 	"syscall"
-	"unsafe"
+
+	"github.com/kvroute/kvroute/internal/rawsock"
 )
 
 // A stream is pushed, not read, on the lean path. Go's poller is
@@ -99,7 +100,7 @@ func (b *leanBody) pushSocket(raw syscall.RawConn, d *chunkDecoder, s byteSink) 
 			if p, err = s.space(); err != nil {
 				return true
 			}
-			m, errno := rawRead(fd, p)
+			m, errno := b.readFD(fd, p)
 			switch {
 			case errno == syscall.EINTR:
 				continue
@@ -132,6 +133,21 @@ func (b *leanBody) pushSocket(raw syscall.RawConn, d *chunkDecoder, s byteSink) 
 	return err
 }
 
+// readFD reads the socket fd into p, with a raw system call unless the
+// transport says otherwise.
+func (b *leanBody) readFD(fd uintptr, p []byte) (int, syscall.Errno) {
+	if b.t.raw {
+		return rawsock.ReadFD(fd, p)
+	}
+	n, err := syscall.Read(int(fd), p)
+	if errno, ok := err.(syscall.Errno); ok {
+		return 0, errno
+	} else if err != nil {
+		return 0, syscall.EIO
+	}
+	return n, 0
+}
+
 // took hands s the n bytes decoded, those before the decoder's error derr
 // too, and returns the first error.
 func took(s byteSink, n int, more bool, derr error) error {
@@ -160,11 +176,4 @@ func (b *leanBody) endChunked(d *chunkDecoder) error {
 		b.res.Trailer[k] = vv
 	}
 	return nil
-}
-
-// rawRead reads the non-blocking socket fd into p, which is not empty,
-// without telling the scheduler: see internal/server's rawWrite for why.
-func rawRead(fd uintptr, p []byte) (int, syscall.Errno) {
-	n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-	return int(n), errno
 }

@@ -107,13 +107,19 @@ var splitBody = "2a;x=y\r\n" + evHi[:42] + "\r\n" + chunk(evHi[42:]+evThere[:5])
 	chunk(evDone) + "0\r\nX-Backend-Ttft: 7\r\n\r\n"
 
 // A stream pushed over the socket, split anywhere, reaches the client
-// whole with its trailer, and its connection serves the next request.
+// whole with its trailer, and its connection serves the next request; with
+// raw system calls (the default) and through net.Conn.
 func TestPushedStreamSplitAnywhere(t *testing.T) {
-	for _, piece := range []int{1, 3, 7, 64} {
-		t.Run(strconv.Itoa(piece), func(t *testing.T) {
+	for _, piece := range []int{1, 3, 7, 64, -7} {
+		netConn := piece < 0
+		piece = max(piece, -piece)
+		t.Run(strconv.Itoa(piece)+map[bool]string{true: "/netconn"}[netConn], func(t *testing.T) {
 			rb := newRawBackend(t, splitBody, piece, false)
 			b0 := testBackend(t, 0, "b0", rb.url, "m")
-			p, px := newTestProxy(t, newFakeFleet(b0), newFirstPolicy(), nil)
+			p, px := newTestProxy(t, newFakeFleet(b0), newFirstPolicy(), func(c *Config) { c.NetConnIO = netConn })
+			if leanOf(t, p).raw == netConn {
+				t.Fatalf("raw %v with NetConnIO %v", leanOf(t, p).raw, netConn)
+			}
 			for range 2 {
 				res, body := post(t, px.URL, "/v1/chat/completions", streamBody)
 				if res.StatusCode != 200 || body != evHi+evThere+evDone {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/rawsock"
 )
 
 // leanTransport carries plain-http HTTP/1.1 requests to the backends in the
@@ -37,6 +39,9 @@ type leanTransport struct {
 	idleFor        time.Duration
 	maxIdle        int
 	rbytes, wbytes int
+	// raw reads and writes the connections with raw system calls
+	// (internal/rawsock), pushed streams included.
+	raw bool
 	// Counts of connections: dialled, reused from the pool, resent (a
 	// pooled one the backend had closed), closed before their response's
 	// end.
@@ -258,6 +263,9 @@ func (t *leanTransport) conn(ctx context.Context, key string) (*leanConn, error)
 	nc, err := t.dial(ctx, "tcp", key)
 	if err != nil {
 		return nil, err
+	}
+	if t.raw {
+		nc = rawsock.Wrap(nc)
 	}
 	return &leanConn{nc: nc, br: bufio.NewReaderSize(nc, t.rbytes), bw: bufio.NewWriterSize(nc, t.wbytes), key: key}, nil
 }

@@ -6,9 +6,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/rawsock"
 )
 
 // net/http answers a request it cannot read (a malformed request line or
@@ -28,22 +28,27 @@ import (
 const stdlibErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
 // openAIErrors wraps ln's connections (see stdlibErrorHeaders).
-func openAIErrors(ln net.Listener) net.Listener { return errorsListener{ln} }
+// With raw set, the connections are also read and written with raw system
+// calls (internal/rawsock).
+func openAIErrors(ln net.Listener, raw bool) net.Listener { return errorsListener{ln, raw} }
 
-type errorsListener struct{ net.Listener }
+type errorsListener struct {
+	net.Listener
+	raw bool
+}
 
 func (l errorsListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return newErrorsConn(c), nil
+	if l.raw {
+		c = rawsock.Wrap(c)
+	}
+	return errorsConn{c}, nil
 }
 
-type errorsConn struct {
-	net.Conn
-	raw syscall.RawConn // nil: write through Conn
-}
+type errorsConn struct{ net.Conn }
 
 // Write sends p, or its JSON rewrite when p is net/http's own answer to a
 // request it could not read. It reports len(p) written when the rewrite
@@ -54,9 +59,6 @@ func (c errorsConn) Write(p []byte) (int, error) {
 			return 0, err
 		}
 		return len(p), nil
-	}
-	if c.raw != nil {
-		return rawWrite(c.raw, p)
 	}
 	return c.Conn.Write(p)
 }

@@ -145,7 +145,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.TLS != nil {
 		ln, scheme = tls.NewListener(ln, cfg.TLS), "https"
 	} else {
-		ln = openAIErrors(ln) // connerrors.go: net/http's own 400/431 answers as JSON
+		ln = openAIErrors(ln, !cfg.Proxy.NetConnIO) // connerrors.go: net/http's own 400/431 answers as JSON
 	}
 	s.URL = scheme + "://" + ln.Addr().String()
 	var mln net.Listener
