@@ -1,3 +1,5 @@
+//go:build unix
+
 // Package rawsock reads and writes non-blocking sockets without the Go
 // scheduler's system-call bookkeeping.
 //
