@@ -10,11 +10,13 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/discovery"
@@ -327,6 +329,16 @@ type limitedConn struct {
 	net.Conn
 	once    sync.Once
 	release func()
+}
+
+// SyscallConn is the connection's own, so that openAIErrors still reads
+// and writes it raw (internal/rawsock).
+func (c *limitedConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return sc.SyscallConn()
 }
 
 func (c *limitedConn) Close() error {
