@@ -20,6 +20,7 @@ func registerHardening(fs *flag.FlagSet, cfg *serveConfig) {
 	r, o, s, ej := &cfg.resilience, &cfg.overload, &cfg.server, &cfg.fleet.Outlier
 	fs.DurationVar(&cfg.connectTimeout, "connect-timeout", defaultConnectTimeout, "limit of a connection to a backend")
 	fs.BoolVar(&cfg.stdlibUpstream, "stdlib-upstream", false, "send requests to plain-http backends through net/http's Transport rather than the proxy's lean HTTP/1.1 path")
+	fs.BoolVar(&cfg.netConnIO, "netconn-io", false, "read and write client and backend sockets through net.Conn rather than with raw system calls that leave the Go runtime's monitor thread asleep")
 	fs.DurationVar(&r.FirstTokenFloor, "first-token-floor", proxy.DefaultFirstTokenFloor, "a stream's first token is due within this plus --first-token-factor × its predicted TTFT; then it is retried elsewhere (negative: no limit)")
 	fs.Float64Var(&r.FirstTokenFactor, "first-token-factor", proxy.DefaultFirstTokenFactor, "see --first-token-floor")
 	fs.DurationVar(&r.StreamIdleTimeout, "stream-idle-timeout", proxy.DefaultStreamIdleTimeout, "a response whose backend sends nothing this long after the first token ends with an error event (negative: none)")

@@ -28,6 +28,7 @@ type serveConfig struct {
 	overload       proxy.Overload
 	connectTimeout time.Duration
 	stdlibUpstream bool // hardenflags.go
+	netConnIO      bool // hardenflags.go
 	backends       []*fleet.Backend
 	fleet          fleet.Options
 	discovery      discoveryConfig
@@ -198,7 +199,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	cfg.security.fleetOptions(&sc.Fleet) // securityflags.go: TLS to the backends
 	t := proxy.NewTransport()
 	t.DialContext = (&net.Dialer{Timeout: cfg.connectTimeout, KeepAlive: 30 * time.Second}).DialContext
-	sc.Proxy = cfg.security.proxyConfig(proxy.Config{SessionHeader: cfg.sessionHeader, Logger: log, Transport: t, StdlibUpstream: cfg.stdlibUpstream,
+	sc.Proxy = cfg.security.proxyConfig(proxy.Config{SessionHeader: cfg.sessionHeader, Logger: log, Transport: t, StdlibUpstream: cfg.stdlibUpstream, NetConnIO: cfg.netConnIO,
 		Resilience: cfg.resilience, Overload: cfg.overload, Explain: cfg.explain})
 	sc.TLS, sc.MetricsListen = cfg.security.serverTLS, cfg.security.metricsListen
 	kv, err := cfg.kvEvents.config(&http.Client{Transport: t}) // kveventsflags.go

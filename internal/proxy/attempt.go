@@ -424,6 +424,31 @@ type idleReader struct {
 	a *attempt
 }
 
+// push pushes the body if it can be, noting every push of bytes as Read
+// notes reads.
+func (ir idleReader) push(s byteSink) (error, bool) {
+	p, ok := ir.r.(pusher)
+	if !ok {
+		return nil, false
+	}
+	return p.push(idleSink{s: s, a: ir.a})
+}
+
+// idleSink is idleReader's sink.
+type idleSink struct {
+	s byteSink
+	a *attempt
+}
+
+func (is idleSink) space() ([]byte, error) { return is.s.space() }
+
+func (is idleSink) took(n int, more bool) error {
+	if is.a.first {
+		is.a.wd.touch()
+	}
+	return is.s.took(n, more)
+}
+
 func (ir idleReader) Read(b []byte) (int, error) {
 	n, err := ir.r.Read(b)
 	if n > 0 && ir.a.first {

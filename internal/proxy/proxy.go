@@ -107,6 +107,12 @@ type Config struct {
 	// the lean path: the fallback should the lean path misbehave with some
 	// backend.
 	StdlibUpstream bool
+	// NetConnIO reads and writes the sockets of the lean path, and the
+	// server's client connections (internal/server), through net.Conn,
+	// not with raw system calls (internal/rawsock): the fallback, and the
+	// choice for a proxy that shares its CPUs with busier processes
+	// (docs/operations.md, --netconn-io).
+	NetConnIO bool
 	// Registerer receives the proxy's metrics. Nil means a registry of the
 	// proxy's own, served at /metrics with the Go and process collectors;
 	// with a Registerer of its own the caller serves the metrics.
@@ -207,6 +213,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if t, ok := p.transport.(*http.Transport); ok && !cfg.StdlibUpstream {
 		if lean := newLeanTransport(t); lean != nil {
+			lean.raw = !cfg.NetConnIO
 			p.transport = lean
 		}
 	}

@@ -247,7 +247,12 @@ func copyEvents(w http.ResponseWriter, src io.Reader, sc *eventScanner, onFirst 
 	rc := http.NewResponseController(w)
 	bp := streamBufs.Get().(*[]byte)
 	defer streamBufs.Put(bp) // a grown buffer is left to the GC
-	ec := eventCopier{w: w, sc: sc, onFirst: onFirst, buf: *bp}
+	ec := eventCopier{w: w, rc: rc, sc: sc, onFirst: onFirst, buf: *bp}
+	if p, ok := src.(pusher); ok {
+		if err, pushed := p.push(&ec); pushed {
+			return ec.endPush(err)
+		}
+	}
 	for {
 		rerr := ec.read(src)
 		if rerr == errEventTooLarge {
@@ -282,33 +287,104 @@ func copyEvents(w http.ResponseWriter, src io.Reader, sc *eventScanner, onFirst 
 // yet written; the events in it end at or after scan.
 type eventCopier struct {
 	w                http.ResponseWriter
+	rc               *http.ResponseController
 	sc               *eventScanner
 	onFirst          func()
 	buf              []byte
 	head, tail, scan int
+	// When pushed: unflushed is set while events written wait for a
+	// flush; werr is the client's write error that stopped the push.
+	unflushed bool
+	werr      error
+}
+
+var _ byteSink = (*eventCopier)(nil)
+
+// space makes room as read does, and also moves a partial event to the
+// front when less than a quarter of the buffer is free, so that a read is
+// not cut short by the buffer's end.
+func (ec *eventCopier) space() ([]byte, error) {
+	if ec.head > 0 && len(ec.buf)-ec.tail < len(ec.buf)/4 {
+		ec.compact()
+	}
+	if err := ec.makeRoom(); err != nil {
+		return nil, err
+	}
+	return ec.buf[ec.tail:], nil
+}
+
+// took forwards the complete events among the n bytes pushed, and flushes
+// them unless more are waiting: those go out in the same flush.
+func (ec *eventCopier) took(n int, more bool) error {
+	ec.tail += n
+	wrote, err := ec.forward()
+	if err == nil {
+		ec.unflushed = ec.unflushed || wrote
+		if ec.unflushed && !more {
+			ec.unflushed = false
+			err = flush(ec.rc)
+		}
+	}
+	ec.werr = err
+	return err
+}
+
+// endPush ends a pushed stream as copyEvents' loop ends a read one; err is
+// push's.
+func (ec *eventCopier) endPush(err error) (readErr, writeErr error) {
+	switch {
+	case ec.werr != nil:
+		return nil, ec.werr
+	case err != nil:
+		return err, nil
+	}
+	last, err := ec.forwardRest()
+	if err != nil {
+		return nil, err
+	}
+	if last || ec.unflushed {
+		return nil, flush(ec.rc)
+	}
+	return nil, nil
 }
 
 // read reads once from src into the free end of the buffer, first making
 // room: moving the unwritten bytes to the front, or growing the buffer for
 // an event larger than it (up to maxEventBytes).
 func (ec *eventCopier) read(src io.Reader) error {
-	if ec.tail == len(ec.buf) {
-		switch {
-		case ec.head > 0:
-			ec.tail = copy(ec.buf, ec.buf[ec.head:ec.tail])
-			ec.scan -= ec.head
-			ec.head = 0
-		case len(ec.buf) >= maxEventBytes:
-			return errEventTooLarge
-		default:
-			grown := make([]byte, 2*len(ec.buf))
-			copy(grown, ec.buf[:ec.tail])
-			ec.buf = grown
-		}
+	if err := ec.makeRoom(); err != nil {
+		return err
 	}
 	n, err := src.Read(ec.buf[ec.tail:])
 	ec.tail += n
 	return err
+}
+
+// makeRoom makes the buffer's free end non-empty, if it is full: by moving
+// the unwritten bytes to the front, or by growing it for an event larger
+// than it (up to maxEventBytes).
+func (ec *eventCopier) makeRoom() error {
+	if ec.tail < len(ec.buf) {
+		return nil
+	}
+	switch {
+	case ec.head > 0:
+		ec.compact()
+	case len(ec.buf) >= maxEventBytes:
+		return errEventTooLarge
+	default:
+		grown := make([]byte, 2*len(ec.buf))
+		copy(grown, ec.buf[:ec.tail])
+		ec.buf = grown
+	}
+	return nil
+}
+
+// compact moves the unwritten bytes to the buffer's front.
+func (ec *eventCopier) compact() {
+	ec.tail = copy(ec.buf, ec.buf[ec.head:ec.tail])
+	ec.scan -= ec.head
+	ec.head = 0
 }
 
 // forward writes the complete events in the buffer, each as sc.inspect

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/rawsock"
 )
 
 // leanTransport carries plain-http HTTP/1.1 requests to the backends in the
@@ -37,6 +39,9 @@ type leanTransport struct {
 	idleFor        time.Duration
 	maxIdle        int
 	rbytes, wbytes int
+	// raw reads and writes the connections with raw system calls
+	// (internal/rawsock), pushed streams included.
+	raw bool
 	// Counts of connections: dialled, reused from the pool, resent (a
 	// pooled one the backend had closed), closed before their response's
 	// end.
@@ -180,7 +185,8 @@ func (t *leanTransport) exchange(c *leanConn, req *http.Request) (*http.Response
 	if err != nil {
 		return fail(err)
 	}
-	res.Body = &leanBody{t: t, c: c, body: res.Body, stop: stop, keep: !res.Close && !req.Close}
+	chunked := res.Body != http.NoBody && len(res.TransferEncoding) == 1 && res.TransferEncoding[0] == "chunked"
+	res.Body = &leanBody{t: t, c: c, res: res, body: res.Body, stop: stop, keep: !res.Close && !req.Close, chunked: chunked}
 	return res, nil
 }
 
@@ -194,10 +200,14 @@ func isConnClosed(err error) bool {
 type leanBody struct {
 	t    *leanTransport
 	c    *leanConn // nil once released
+	res  *http.Response
 	body io.Reader
 	stop func() bool
 	keep bool // the response allows another request on the connection
 	eof  bool
+	// chunked is set for a chunked body, which push can take; read once
+	// the body has been read from.
+	chunked, read bool
 }
 
 var errBodyClosed = errors.New("read of a closed response body")
@@ -209,6 +219,7 @@ func (b *leanBody) Read(p []byte) (int, error) {
 		}
 		return 0, errBodyClosed
 	}
+	b.read = true
 	n, err := b.body.Read(p)
 	if err != nil {
 		b.eof = err == io.EOF
@@ -252,6 +263,9 @@ func (t *leanTransport) conn(ctx context.Context, key string) (*leanConn, error)
 	nc, err := t.dial(ctx, "tcp", key)
 	if err != nil {
 		return nil, err
+	}
+	if t.raw {
+		nc = rawsock.Wrap(nc)
 	}
 	return &leanConn{nc: nc, br: bufio.NewReaderSize(nc, t.rbytes), bw: bufio.NewWriterSize(nc, t.wbytes), key: key}, nil
 }

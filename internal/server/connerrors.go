@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/rawsock"
 )
 
 // net/http answers a request it cannot read (a malformed request line or
@@ -27,14 +28,22 @@ import (
 const stdlibErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
 // openAIErrors wraps ln's connections (see stdlibErrorHeaders).
-func openAIErrors(ln net.Listener) net.Listener { return errorsListener{ln} }
+// With raw set, the connections are also read and written with raw system
+// calls (internal/rawsock).
+func openAIErrors(ln net.Listener, raw bool) net.Listener { return errorsListener{ln, raw} }
 
-type errorsListener struct{ net.Listener }
+type errorsListener struct {
+	net.Listener
+	raw bool
+}
 
 func (l errorsListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
+	}
+	if l.raw {
+		c = rawsock.Wrap(c)
 	}
 	return errorsConn{c}, nil
 }

@@ -10,11 +10,13 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/discovery"
@@ -145,7 +147,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.TLS != nil {
 		ln, scheme = tls.NewListener(ln, cfg.TLS), "https"
 	} else {
-		ln = openAIErrors(ln) // connerrors.go: net/http's own 400/431 answers as JSON
+		ln = openAIErrors(ln, !cfg.Proxy.NetConnIO) // connerrors.go: net/http's own 400/431 answers as JSON
 	}
 	s.URL = scheme + "://" + ln.Addr().String()
 	var mln net.Listener
@@ -327,6 +329,16 @@ type limitedConn struct {
 	net.Conn
 	once    sync.Once
 	release func()
+}
+
+// SyscallConn is the connection's own, so that openAIErrors still reads
+// and writes it raw (internal/rawsock).
+func (c *limitedConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return sc.SyscallConn()
 }
 
 func (c *limitedConn) Close() error {

@@ -1,0 +1,119 @@
+package proxy
+
+import (
+	"syscall"
+)
+
+// A stream is pushed, not read, on the lean path. Go's poller is
+// edge-triggered: a goroutine that calls Read parks only after a read that
+// found nothing, so every event of a stream costs two reads of the backend's
+// socket, the second answered EAGAIN. push instead reads the socket inside
+// one syscall.RawConn.Read for the whole body: a read that came back short
+// emptied the socket, so the goroutine parks at once, and the next edge (any
+// bytes that arrive after that read) wakes it. The events of each read are
+// handed to a sink, which forwards them before the next read.
+
+// byteSink takes a body's bytes as they arrive.
+type byteSink interface {
+	// space returns where the next bytes go: a non-empty free part of the
+	// sink's buffer, or an error (the buffer may grow no more).
+	space() ([]byte, error)
+	// took says that the first n bytes of the last space hold the body's
+	// next bytes; more is set when more are already waiting. An error stops
+	// the push and is returned by it.
+	took(n int, more bool) error
+}
+
+// pusher is a response body that can push itself to a sink.
+type pusher interface {
+	// push hands the whole body to s. It returns nil once the body ended,
+	// or why it could not be read to its end, or the sink's error; ok is
+	// false if the body cannot be pushed (then nothing was read): read it.
+	push(s byteSink) (err error, ok bool)
+}
+
+var _ pusher = (*leanBody)(nil)
+
+// push pushes a chunked body that has not been read from, off the
+// connection's buffered reader first and then off its socket.
+func (b *leanBody) push(s byteSink) (err error, ok bool) {
+	if !b.chunked || b.read || b.c == nil {
+		return nil, false
+	}
+	sc, isSys := b.c.nc.(syscall.Conn)
+	if !isSys || !canPushSocket {
+		return nil, false
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil, false
+	}
+	b.read = true
+	var d chunkDecoder
+	err = b.pushBuffered(&d, s)
+	if err == nil && !d.done() {
+		err = b.pushSocket(raw, &d, s)
+	}
+	if err == nil {
+		err = b.endChunked(&d)
+	}
+	b.eof = err == nil
+	b.release(b.eof)
+	return err, true
+}
+
+// pushBuffered pushes what the connection's reader holds already: the bytes
+// read with the response's headers.
+func (b *leanBody) pushBuffered(d *chunkDecoder, s byteSink) error {
+	br := b.c.br
+	for br.Buffered() > 0 && !d.done() {
+		p, err := s.space()
+		if err != nil {
+			return err
+		}
+		in, _ := br.Peek(min(br.Buffered(), len(p)))
+		k := copy(p, in)
+		_, _ = br.Discard(k)
+		n, used, err := d.decode(p[:k])
+		if used < k {
+			b.keep = false // bytes after the body: not a connection to reuse
+		}
+		if err := took(s, n, br.Buffered() > 0, err); err != nil {
+			return err
+		}
+	}
+	if br.Buffered() > 0 {
+		b.keep = false
+	}
+	return nil
+}
+
+// took hands s the n bytes decoded, those before the decoder's error derr
+// too, and returns the first error.
+func took(s byteSink, n int, more bool, derr error) error {
+	if n > 0 {
+		if err := s.took(n, more && derr == nil); err != nil {
+			return err
+		}
+	}
+	return derr
+}
+
+// endChunked fills the response's trailers from a body that has ended.
+func (b *leanBody) endChunked(d *chunkDecoder) error {
+	tr, err := d.trailers()
+	if err != nil {
+		return err
+	}
+	if tr == nil {
+		return nil
+	}
+	if b.res.Trailer == nil {
+		b.res.Trailer = tr
+		return nil
+	}
+	for k, vv := range tr {
+		b.res.Trailer[k] = vv
+	}
+	return nil
+}
