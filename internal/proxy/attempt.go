@@ -426,10 +426,10 @@ type idleReader struct {
 
 // push pushes the body if it can be, noting every push of bytes as Read
 // notes reads.
-func (ir idleReader) push(s byteSink) (error, bool) {
+func (ir idleReader) push(s byteSink) (bool, error) {
 	p, ok := ir.r.(pusher)
 	if !ok {
-		return nil, false
+		return false, nil
 	}
 	return p.push(idleSink{s: s, a: ir.a})
 }

@@ -26,27 +26,28 @@ type byteSink interface {
 
 // pusher is a response body that can push itself to a sink.
 type pusher interface {
-	// push hands the whole body to s. It returns nil once the body ended,
-	// or why it could not be read to its end, or the sink's error; ok is
-	// false if the body cannot be pushed (then nothing was read): read it.
-	push(s byteSink) (err error, ok bool)
+	// push hands the whole body to s. ok is false if the body cannot be
+	// pushed (then nothing was read): read it. Else err is nil once the
+	// body ended, or why it could not be read to its end, or the sink's
+	// error.
+	push(s byteSink) (ok bool, err error)
 }
 
 var _ pusher = (*leanBody)(nil)
 
 // push pushes a chunked body that has not been read from, off the
 // connection's buffered reader first and then off its socket.
-func (b *leanBody) push(s byteSink) (err error, ok bool) {
+func (b *leanBody) push(s byteSink) (ok bool, err error) {
 	if !b.chunked || b.read || b.c == nil {
-		return nil, false
+		return false, nil
 	}
 	sc, isSys := b.c.nc.(syscall.Conn)
 	if !isSys || !canPushSocket {
-		return nil, false
+		return false, nil
 	}
 	raw, err := sc.SyscallConn()
 	if err != nil {
-		return nil, false
+		return false, nil
 	}
 	b.read = true
 	var d chunkDecoder
@@ -59,7 +60,7 @@ func (b *leanBody) push(s byteSink) (err error, ok bool) {
 	}
 	b.eof = err == nil
 	b.release(b.eof)
-	return err, true
+	return true, err
 }
 
 // pushBuffered pushes what the connection's reader holds already: the bytes

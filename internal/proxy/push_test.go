@@ -211,7 +211,7 @@ func TestLeanBodyPush(t *testing.T) {
 	}
 	res := roundTrip()
 	var s recordSink
-	err, ok := res.Body.(pusher).push(&s)
+	ok, err := res.Body.(pusher).push(&s)
 	if !ok || err != nil {
 		t.Fatalf("push: ok %v, err %v", ok, err)
 	}
@@ -226,7 +226,7 @@ func TestLeanBodyPush(t *testing.T) {
 	if _, err := res.Body.Read(make([]byte, 1)); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := res.Body.(pusher).push(&s); ok {
+	if ok, _ := res.Body.(pusher).push(&s); ok {
 		t.Error("a body already read from pushed itself")
 	}
 }
@@ -238,21 +238,23 @@ type piecePusher struct {
 	more   []bool
 }
 
-func (pp *piecePusher) push(s byteSink) (error, bool) {
+var _ pusher = (*piecePusher)(nil)
+
+func (pp *piecePusher) push(s byteSink) (bool, error) {
 	for i, piece := range pp.pieces {
 		for piece != "" {
 			p, err := s.space()
 			if err != nil {
-				return err, true
+				return true, err
 			}
 			k := copy(p, piece)
 			piece = piece[k:]
 			if err := s.took(k, pp.more[i] || piece != ""); err != nil {
-				return err, true
+				return true, err
 			}
 		}
 	}
-	return nil, true
+	return true, nil
 }
 
 // A pushed stream goes through copyEvents whole, even pieces that split an

@@ -249,7 +249,7 @@ func copyEvents(w http.ResponseWriter, src io.Reader, sc *eventScanner, onFirst 
 	defer streamBufs.Put(bp) // a grown buffer is left to the GC
 	ec := eventCopier{w: w, rc: rc, sc: sc, onFirst: onFirst, buf: *bp}
 	if p, ok := src.(pusher); ok {
-		if err, pushed := p.push(&ec); pushed {
+		if pushed, err := p.push(&ec); pushed {
 			return ec.endPush(err)
 		}
 	}
