@@ -236,8 +236,14 @@ func TestGrowAndClear(t *testing.T) {
 // every insertion evicts in both tiers, as kvroute's index does on a
 // thousand-server Mooncake simulation.
 func BenchmarkInsertFull(b *testing.B) {
-	const backends, capacity, blocks = 1000, 1000, 24
-	ix := NewTiered(backends, capacity, 2*capacity)
+	benchInsertFull(b, NewTiered(insertFullBackends, insertFullCapacity, 2*insertFullCapacity))
+}
+
+const insertFullBackends, insertFullCapacity = 1000, 1000
+
+// benchInsertFull fills ix, then times one insertion of 24 blocks.
+func benchInsertFull(b *testing.B, ix interface{ Insert(int, []uint64) }) {
+	const blocks = 24
 	rng := rand.New(rand.NewPCG(1, 2))
 	prompt := make([]uint64, blocks)
 	insert := func() {
@@ -245,9 +251,9 @@ func BenchmarkInsertFull(b *testing.B) {
 		for i := 1; i < blocks; i++ {
 			prompt[i] = rng.Uint64()
 		}
-		ix.Insert(rng.IntN(backends), prompt)
+		ix.Insert(rng.IntN(insertFullBackends), prompt)
 	}
-	for range backends * 2 * capacity / blocks * 3 / 2 {
+	for range insertFullBackends * 2 * insertFullCapacity / blocks * 3 / 2 {
 		insert()
 	}
 	b.ReportAllocs()

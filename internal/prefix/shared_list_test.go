@@ -130,23 +130,5 @@ func compareHolders(t *testing.T, op int, ix *Index, ref *refIndex) {
 // BenchmarkInsertFullTwoLists is BenchmarkInsertFull on the index as it
 // was, with a list per tier (refIndex), to compare in one run.
 func BenchmarkInsertFullTwoLists(b *testing.B) {
-	const backends, capacity, blocks = 1000, 1000, 24
-	ix := newRefTiered(backends, capacity, 2*capacity)
-	rng := rand.New(rand.NewPCG(1, 2))
-	prompt := make([]uint64, blocks)
-	insert := func() {
-		prompt[0] = 1
-		for i := 1; i < blocks; i++ {
-			prompt[i] = rng.Uint64()
-		}
-		ix.Insert(rng.IntN(backends), prompt)
-	}
-	for range backends * 2 * capacity / blocks * 3 / 2 {
-		insert()
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		insert()
-	}
+	benchInsertFull(b, newRefTiered(insertFullBackends, insertFullCapacity, 2*insertFullCapacity))
 }
