@@ -25,18 +25,23 @@ import (
 //	decode(b) = n × step(kv_b, requests_b) / (1 − prefill share_b),
 //
 // where step is learned (decodeFit) and the prefill share is the prefill
-// seconds the router sent b per second lately (decayed); and joining b
+// seconds the router sent b per second lately (decayed); a session's later
+// turns follow its cache, so under the e2e objective the own stream is
+// priced (1 + f) times, f the turns the session is expected to bring after
+// this one, each about as long where it lands; and joining b
 // delays the requests in flight there by
 //
-//	others(b) = stalled_b × (w_stall × least prefill + w_recompute × (own prefill on b − least prefill)
-//	                         + w_grow × step growth × min(n, mean output)),
+//	others(b) = stalled_b × (w_stall × least prefill + w_grow × step growth × min(n, mean output))
+//	            + recomputed_b × w_recompute × (own prefill on b − least prefill),
 //
 // the own prefill stalling every stream it shares steps with (least: what
 // the candidate needing the least prefill needs, which no choice avoids),
 // and the request's KV making each of their steps longer while both
 // decode, each part weighed (streamWeights); stalled_b counts b's streams,
-// short ones more (see stalled). The
-// request's expected tokens n come from outputs (kvroute_output.go).
+// short ones more (see stalled), and recomputed_b, for a session's turn
+// that has turns to come, by their time per token alone (see recomputed).
+// The request's expected tokens n and turns to come f come from outputs
+// (kvroute_output.go).
 
 // decodeFit is a learned model of the time between tokens on a backend,
 //
@@ -187,9 +192,10 @@ var all = delayWeights{stall: 1, recompute: 1, grow: 1}
 // lose when a request joins it: its own prefill (own seconds, of which
 // least any candidate would need) stalls every one of them, and, while
 // both decode, each of their steps grows by grow seconds for up to overlap
-// tokens.
-func (w delayWeights) othersDelay(requests, least, own, grow, overlap float64) float64 {
-	return requests * (w.stall*least + w.recompute*(own-least) + w.grow*grow*overlap)
+// tokens. requests counts them for the stall and the growth, recomputed
+// for the recompute (own − least).
+func (w delayWeights) othersDelay(requests, recomputed, least, own, grow, overlap float64) float64 {
+	return requests*(w.stall*least+w.grow*grow*overlap) + recomputed*w.recompute*(own-least)
 }
 
 // Objective is what kvroute minimises (KVRouteConfig.Objective).
@@ -224,6 +230,7 @@ type streamCost struct {
 	wOwn    float64 // the weight of the request's own stream in its cost (see streamWeights)
 	wOthers delayWeights
 	least   float64   // the least own prefill of any candidate, seconds
+	future  float64   // the turns its session is expected to bring after it (e2e objective only)
 	out     float64   // expected tokens of the stream
 	need    float64   // KV tokens the request will hold (prompt + a high quantile of its stream)
 	overlap float64   // tokens the streams it joins and its own decode together, at most
@@ -256,10 +263,12 @@ func (s *streamCost) cost(i int, c *candidate, l fleet.Load) float64 {
 			s.pushed[i] = n
 		}
 	}
+	own := s.wOwn * (1 + s.future) * s.out * per
 	if !s.others {
-		return s.wOwn * s.out * per
+		return own
 	}
-	return s.wOwn*s.out*per + s.wOthers.othersDelay(stalled(n, s.typical, s.inverse[i]), s.least, c.own, grow, s.overlap)
+	st := stalled(n, s.typical, s.inverse[i])
+	return own + s.wOthers.othersDelay(st, recomputed(st, n, s.typical, s.inverse[i], s.future), s.least, c.own, grow, s.overlap)
 }
 
 // streamWeights returns, under the e2e objective, what a second of the
@@ -329,6 +338,22 @@ func stalled(n, typical, inverse float64) float64 {
 		return n
 	}
 	return n * (1 + typical*inverse) / 2
+}
+
+// recomputed is how many streams the recompute a backend adds stalls, in
+// units of a typical stream, given stalled's count st: for a session's turn
+// with turns to come (future > 0), the streams weighed by their time per
+// token's growth alone, so that a session moved off its cache lands where
+// the streams are long, not where short replies decode near a time-per-
+// token bound; otherwise stalled's mean. BENCHMARKS.md, Streams, has what
+// it changed: with the own stream priced for the turns to come, long-gen's
+// goodput at or above preble-e2's on every seed; for every request, not
+// only a session's, it cost Mooncake (single turns) goodput and TTFT p99.
+func recomputed(st, n, typical, inverse, future float64) float64 {
+	if future <= 0 || inverse == 0 {
+		return st
+	}
+	return n * typical * inverse
 }
 
 // sloMiss is what a request missing the goodput objective costs, in
@@ -409,10 +434,16 @@ func (p *KVRoute) stream(req *Request, s *pickScratch, ln *learned, promptTokens
 		s.tpot, s.pushed = st.tpot, st.pushed
 	}
 	st.out = est.mean
+	if p.cfg.Objective == ObjectiveE2E {
+		st.future = est.future
+	}
 	st.need = float64(promptTokens) + est.high
 	st.overlap = min(est.mean, est.typical)
 	st.typical = est.typical
 	st.inverse = s.inverse
+	// idle is this turn's stream alone: priced for the turns to come as
+	// well, its error widened the ties and lost long-gen's goodput on its
+	// heaviest seed (docs/BENCHMARKS.md, Streams).
 	st.idle = st.wOwn * st.out * st.fit.perToken(st.need, 1, 0)
 	return st
 }

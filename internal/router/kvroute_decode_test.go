@@ -55,21 +55,36 @@ func TestDecodePerToken(t *testing.T) {
 
 func TestOthersDelay(t *testing.T) {
 	for _, tt := range []struct {
-		name                                string
-		w                                   delayWeights
-		requests, least, own, grow, overlap float64
-		want                                float64
+		name                                            string
+		w                                               delayWeights
+		requests, recomputed, least, own, grow, overlap float64
+		want                                            float64
 	}{
-		{"idle backend", all, 0, 0, 2, 0.001, 300, 0},
-		{"a prefill stalls every stream", all, 4, 0.2, 0.5, 0, 300, 2},
-		{"its KV slows their steps", all, 2, 0, 0, 0.001, 300, 0.6},
-		{"e2e: the needed prefill at a quarter", e2eDelay, 4, 0.5, 0.5, 0.001, 300, 0.5},
-		{"e2e: the recompute it adds at double", e2eDelay, 4, 0.1, 0.5, 0, 300, 4 * (0.025 + 0.8)},
-		{"e2e: the growth left out", e2eDelay, 2, 0, 0, 0.001, 300, 0},
+		{"idle backend", all, 0, 0, 0, 2, 0.001, 300, 0},
+		{"a prefill stalls every stream", all, 4, 4, 0.2, 0.5, 0, 300, 2},
+		{"its KV slows their steps", all, 2, 2, 0, 0, 0.001, 300, 0.6},
+		{"e2e: the needed prefill at a quarter", e2eDelay, 4, 4, 0.5, 0.5, 0.001, 300, 0.5},
+		{"e2e: the recompute it adds at double", e2eDelay, 4, 4, 0.1, 0.5, 0, 300, 4 * (0.025 + 0.8)},
+		{"e2e: the recompute by its own count", e2eDelay, 4, 6, 0.1, 0.5, 0, 300, 4*0.025 + 6*0.8},
+		{"e2e: the growth left out", e2eDelay, 2, 2, 0, 0, 0.001, 300, 0},
 	} {
-		if got := tt.w.othersDelay(tt.requests, tt.least, tt.own, tt.grow, tt.overlap); math.Abs(got-tt.want) > 1e-9 {
+		if got := tt.w.othersDelay(tt.requests, tt.recomputed, tt.least, tt.own, tt.grow, tt.overlap); math.Abs(got-tt.want) > 1e-9 {
 			t.Errorf("%s: %v s, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+func TestRecomputed(t *testing.T) {
+	// Ten streams of a typical 500 tokens' mean 1/tokens of 1/100: short.
+	st := stalled(10, 500, 0.01)
+	if got := recomputed(st, 10, 500, 0.01, 0); got != st {
+		t.Errorf("no turns to come: %v, want stalled's %v", got, st)
+	}
+	if got := recomputed(st, 10, 500, 0.01, 3); math.Abs(got-50) > 1e-9 {
+		t.Errorf("a session with turns to come: %v, want 50 (per token alone)", got)
+	}
+	if got := recomputed(10, 10, 500, 0, 3); got != 10 {
+		t.Errorf("no streams of the router's own there: %v, want 10", got)
 	}
 }
 

@@ -18,11 +18,23 @@ import (
 // Each is a decayed histogram, read two ways: its mean is the expected
 // stream, which the time costs take (they are linear in it), and a high
 // quantile the KV the request will hold, which a KV-wait estimate must not
-// undercount. Safe for concurrent use.
+// undercount. It also learns how many turns sessions have, so that a
+// session's turn can be priced with the turns it will bring after it.
+// Safe for concurrent use.
 type outputs struct {
 	mu       sync.Mutex
 	models   map[string]*modelOutputs
-	sessions map[string]float64 // a session's decayed mean reply, tokens
+	sessions map[string]sessionOutputs
+	// reached counts, decayed, the sessions that completed at least j
+	// turns (the last: maxTurns or more): the odds that a session that has
+	// had j turns has another.
+	reached [maxTurns + 1]float64
+}
+
+// sessionOutputs is what a session's completed turns say.
+type sessionOutputs struct {
+	mean  float64 // decayed mean reply, tokens
+	turns int     // completed turns
 }
 
 // modelOutputs is one model's learned output lengths.
@@ -36,6 +48,9 @@ type modelOutputs struct {
 // requests (the streams it will share a backend with), in tokens.
 type outputEstimate struct {
 	mean, high, typical float64
+	// future is the turns its session is expected to bring after it (0
+	// without a session).
+	future float64
 }
 
 // outputHigh is the quantile of the learned distribution taken as the KV a
@@ -48,10 +63,14 @@ const (
 	sessionWeight = 0.5 // of the last reply in a session's mean
 	promptBuckets = 18  // log2 buckets of prompt tokens: 1 .. 128k
 	maxOutSession = 1 << 16
+	maxTurns      = 64
+	// minReached is how many sessions must have reached a turn before the
+	// odds of the turns after it are read.
+	minReached = 8.0
 )
 
 func newOutputs() *outputs {
-	return &outputs{models: map[string]*modelOutputs{}, sessions: map[string]float64{}}
+	return &outputs{models: map[string]*modelOutputs{}, sessions: map[string]sessionOutputs{}}
 }
 
 func promptBucket(tokens int) int {
@@ -66,6 +85,11 @@ func (o *outputs) expect(req *Request) outputEstimate {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	e := o.expectLocked(req)
+	// A session's first turn has no future here: it has no cache of its
+	// own to leave (pricing it as turn 1 changed nothing on long-gen).
+	if so, ok := o.sessions[req.SessionKey]; ok && req.SessionKey != "" {
+		e.future = o.remaining(so.turns + 1)
+	}
 	e.typical = defaultOutput
 	if m := o.models[req.Model]; m != nil && m.free[promptBuckets].weight > 0 {
 		e.typical = m.free[promptBuckets].mean()
@@ -82,7 +106,8 @@ func (o *outputs) expectLocked(req *Request) outputEstimate {
 		}
 		return outputEstimate{mean: n * m.fraction.mean(), high: n * m.fraction.quantile(outputHigh)}
 	}
-	if mean, ok := o.sessions[req.SessionKey]; ok && req.SessionKey != "" {
+	if so, ok := o.sessions[req.SessionKey]; ok && req.SessionKey != "" {
+		mean := so.mean
 		high := mean
 		if m != nil {
 			high = max(mean, m.free[promptBuckets].quantile(outputHigh))
@@ -128,11 +153,32 @@ func (o *outputs) observe(req *Request, completion int) {
 		if len(o.sessions) >= maxOutSession {
 			clear(o.sessions)
 		}
-		if old, ok := o.sessions[req.SessionKey]; ok {
-			n = sessionWeight*n + (1-sessionWeight)*old
+		so, ok := o.sessions[req.SessionKey]
+		if ok {
+			n = sessionWeight*n + (1-sessionWeight)*so.mean
 		}
-		o.sessions[req.SessionKey] = n
+		so.mean, so.turns = n, so.turns+1
+		o.sessions[req.SessionKey] = so
+		for j := range o.reached {
+			o.reached[j] *= outputDecay
+		}
+		o.reached[min(so.turns, maxTurns)]++
 	}
+}
+
+// remaining returns how many turns a session expects after its turn k
+// (from 1), from how many sessions reached each turn: the sum over later
+// turns of the odds of reaching them. Sessions still running count as
+// ended, so it errs low; it is 0 until minReached sessions reached turn k.
+func (o *outputs) remaining(k int) float64 {
+	if k >= maxTurns || o.reached[k] < minReached {
+		return 0
+	}
+	var after float64
+	for _, n := range o.reached[k+1:] {
+		after += n
+	}
+	return after / o.reached[k]
 }
 
 // hist is a decayed histogram of non-negative values over fixed bucket

@@ -40,3 +40,35 @@ func TestOutputsExpect(t *testing.T) {
 		t.Errorf("unknown model: %+v, want the default", e)
 	}
 }
+
+func TestOutputsFutureTurns(t *testing.T) {
+	o := newOutputs()
+	turn := func(session string) *Request {
+		return &Request{Model: "m", PromptTokens: 100, SessionKey: session}
+	}
+	if e := o.expect(turn("new")); e.future != 0 {
+		t.Errorf("nothing learned: future %v, want 0", e.future)
+	}
+	// Half the sessions have 2 turns, half 4.
+	for i := range 40 {
+		key := string(rune('a'+i%26)) + string(rune('0'+i/26))
+		n := 2 + 2*(i%2)
+		for range n {
+			o.observe(turn(key), 100)
+		}
+	}
+	// A session that has had one turn is priced on its second: after it,
+	// half the sessions have two more, half none.
+	o.observe(turn("s"), 100)
+	if e := o.expect(turn("s")); math.Abs(e.future-1) > 0.05 {
+		t.Errorf("after one turn: future %v, want 1", e.future)
+	}
+	o.observe(turn("s"), 100)
+	o.observe(turn("s"), 100)
+	if e := o.expect(turn("s")); e.future != 0 {
+		t.Errorf("on the fourth turn: future %v, want 0", e.future)
+	}
+	if e := o.expect(turn("unknown")); e.future != 0 {
+		t.Errorf("a session not seen: future %v, want 0", e.future)
+	}
+}
