@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -18,6 +19,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kvroute/kvroute/internal/peers"
 )
 
 // TestPeerLag measures, across real processes, how long after a request
@@ -57,8 +60,8 @@ func TestPeerLag(t *testing.T) {
 	backends := []string{"--backend", fmt.Sprintf("gpu0=http://127.0.0.1:%d", first), "--backend", fmt.Sprintf("gpu1=http://127.0.0.1:%d", first+1)}
 
 	type pair struct {
-		name       string
-		a, bMetric string // A's API, B's metrics
+		name                string
+		a, aMetric, bMetric string // A's API and metrics, B's metrics
 	}
 	var pairs []pair
 	for _, push := range []bool{true, false} {
@@ -73,11 +76,11 @@ func TestPeerLag(t *testing.T) {
 		if push {
 			name = "push"
 		}
-		pairs = append(pairs, pair{name, "http://" + apiA, "http://" + metB})
+		pairs = append(pairs, pair{name, "http://" + apiA, "http://" + metA, "http://" + metB})
 	}
 
 	rng := rand.New(rand.NewPCG(1, 2))
-	lags := map[string][]time.Duration{}
+	lags, afterA := map[string][]time.Duration{}, map[string][]time.Duration{}
 	var scrapes []time.Duration
 	for range trials {
 		for _, p := range pairs {
@@ -86,6 +89,8 @@ func TestPeerLag(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			t0 := time.Now()
 			go streamChat(ctx, p.a)
+			counted := make(chan time.Time, 1) // when A's own report first shows the request
+			go func() { counted <- ownCounted(ctx, p.aMetric) }()
 			for {
 				began := time.Now()
 				n := peerRequests(t, p.bMetric)
@@ -93,6 +98,9 @@ func TestPeerLag(t *testing.T) {
 				scrapes = append(scrapes, seen.Sub(began))
 				if n >= 1 {
 					lags[p.name] = append(lags[p.name], seen.Sub(t0))
+					if tA := <-counted; !tA.IsZero() {
+						afterA[p.name] = append(afterA[p.name], seen.Sub(tA))
+					}
 					break
 				}
 				if seen.Sub(t0) > 10*time.Second {
@@ -116,8 +124,12 @@ func TestPeerLag(t *testing.T) {
 	}
 	for _, p := range pairs {
 		ds := lags[p.name]
-		t.Logf("%s: %d trials: median %v, p90 %v, max %v", p.name, len(ds),
+		t.Logf("%s: %d trials, request sent to A until B counts it: median %v, p90 %v, max %v", p.name, len(ds),
 			q(ds, 0.5).Round(10*time.Microsecond), q(ds, 0.9).Round(10*time.Microsecond), q(ds, 1).Round(10*time.Microsecond))
+		if ds := afterA[p.name]; len(ds) > 0 {
+			t.Logf("%s: %d trials, A's own report shows it until B counts it: median %v, p90 %v, max %v", p.name, len(ds),
+				q(ds, 0.5).Round(10*time.Microsecond), q(ds, 0.9).Round(10*time.Microsecond), q(ds, 1).Round(10*time.Microsecond))
+		}
 	}
 	t.Logf("one scrape of B's metrics: median %v", q(scrapes, 0.5).Round(10*time.Microsecond))
 	// The pushing B's own measure, from the change on A to its
@@ -201,4 +213,32 @@ func scrape(t *testing.T, base string) map[string]*dto.MetricFamily {
 		t.Fatal(err)
 	}
 	return mfs
+}
+
+// ownCounted polls a replica's own report (peers.Path, a few bytes) until
+// it shows a request in flight, and returns when; zero if ctx ends first.
+func ownCounted(ctx context.Context, base string) time.Time {
+	for ctx.Err() == nil {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+peers.Path, nil)
+		if err != nil {
+			return time.Time{}
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			continue
+		}
+		var r peers.Report
+		err = json.NewDecoder(res.Body).Decode(&r)
+		res.Body.Close()
+		at := time.Now()
+		if err != nil {
+			continue
+		}
+		for _, c := range r.Backends {
+			if c.Requests > 0 {
+				return at
+			}
+		}
+	}
+	return time.Time{}
 }

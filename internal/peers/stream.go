@@ -233,6 +233,9 @@ func (h *Hub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.mu.Unlock()
 			// The counts are read now, after the set was taken: a change
 			// racing this read is marked again and sent in the next line.
+			// A removed backend still reports as its last requests end;
+			// should one with its URL have been added since, the next
+			// change of the new one puts its counts back.
 			u = Update{Backends: make(map[string]Counts, len(dirty)), Changed: since.UnixNano()}
 			for b := range dirty {
 				if b.URL != nil {
