@@ -3,9 +3,11 @@ package peers
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -276,5 +278,80 @@ func TestHubWithoutFollowers(t *testing.T) {
 	fa[0].Start(1, 1)
 	if len(h.subs) != 0 {
 		t.Fatal("a follower from nowhere")
+	}
+}
+
+// A dns+http peer is every address of its name, followed by stream.
+func TestPushFollowsDNSPeers(t *testing.T) {
+	self, fa := replicaFleet(t), replicaFleet(t)
+	a := startReplica(t, "a", "127.0.0.1:0", true, fa, HubOptions{})
+	_, port, _ := strings.Cut(strings.TrimPrefix(a.url, "http://"), ":")
+	p := follow(t, self, Options{Peers: []string{"dns+http://kvroute-peers.test:" + port},
+		Resolver: resolver{"kvroute-peers.test": {"127.0.0.1"}}})
+	fa[1].Start(3, 3)
+	waitFor(t, "a's pick, through the name", func() bool { return peerRequests(self[1]) == 1 })
+	if got := testutil.ToFloat64(p.streaming); got != 1 {
+		t.Errorf("%v peers streaming, want 1", got)
+	}
+}
+
+// gatedWriter is a follower's connection whose writes wait for the test.
+type gatedWriter struct {
+	header  http.Header
+	entered chan struct{} // a write has begun
+	gate    chan struct{} // one receive per write
+	lines   chan string
+}
+
+func (w *gatedWriter) Header() http.Header { return w.header }
+func (w *gatedWriter) WriteHeader(int)     {}
+func (w *gatedWriter) Flush()              {}
+func (w *gatedWriter) Write(b []byte) (int, error) {
+	w.entered <- struct{}{}
+	<-w.gate
+	w.lines <- string(b)
+	return len(b), nil
+}
+
+// Changes made while a line is being written go out together in the next
+// line, each backend with its counts as they are then: a thousand changes
+// behind one pending write cost one line, never a queue.
+func TestHubCoalescesWhileWriting(t *testing.T) {
+	fa := replicaFleet(t)
+	h := NewHub("a", func() []*fleet.Backend { return fa }, HubOptions{Heartbeat: time.Hour})
+	for _, b := range fa {
+		b.WatchLoad(h.Changed)
+	}
+	w := &gatedWriter{header: http.Header{}, entered: make(chan struct{}), gate: make(chan struct{}), lines: make(chan string, 16)}
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequest(http.MethodGet, StreamPath, nil).WithContext(ctx)
+	done := make(chan struct{})
+	go func() { h.ServeHTTP(w, req); close(done) }()
+	line := func() string { <-w.entered; w.gate <- struct{}{}; return <-w.lines }
+
+	if l := line(); !strings.Contains(l, `"full":true`) {
+		t.Fatalf("first line %q, want the snapshot", l)
+	}
+	fa[0].Start(1, 1)
+	<-w.entered // the writer took backend 0 and is in its write
+	for range 1000 {
+		fa[1].Start(1, 1).Done()
+	}
+	fa[1].Start(2, 2)
+	w.gate <- struct{}{}
+	first := <-w.lines
+	second := line()
+	cancel() // the writer returns at its next select, with no write pending
+	<-done
+	if strings.Contains(first, "10.0.0.2") {
+		t.Errorf("first line %q names backend 1, changed only after it was taken", first)
+	}
+	var last Update
+	if err := json.Unmarshal([]byte(second), &last); err != nil {
+		t.Fatal(err)
+	}
+	want := Counts{Requests: 1, PrefillTokens: 2, DecodeTokens: 2}
+	if got := last.Backends["http://10.0.0.2:8000"]; got != want || len(last.Backends) != 1 {
+		t.Errorf("second line %q: backend 1 at %+v, want it alone at %+v", second, got, want)
 	}
 }
