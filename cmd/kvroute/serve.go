@@ -68,8 +68,10 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	core.register(fs) // coreflags.go: --policy, --scrape-interval, --load-factor, ...
 	fs.IntVar(&cfg.policyOpts.KVRoute.Replicas, "replicas", 1, "kvroute: router replicas sharing these backends behind a random split (each scales its load counts and places sessions by consistent hashing)")
 	fs.Var((*stringList)(&cfg.server.Peers.Peers), "peer", "another router replica, http://HOST:PORT of its metrics listener (or API, without one), or dns+http://NAME:PORT for every address of a headless Service: its in-flight counts are added to this replica's (repeatable; needs --replicas)")
-	fs.DurationVar(&cfg.server.Peers.Interval, "peer-interval", peers.DefaultInterval, "how often the --peer replicas' counts are polled")
-	fs.DurationVar(&cfg.server.Peers.Timeout, "peer-timeout", peers.DefaultTimeout, "limit of one poll of one --peer")
+	fs.BoolVar(&cfg.server.Peers.Push, "peer-push", true, "follow each --peer's stream of its counts, pushed as they change, instead of polling it (a peer without the stream is polled)")
+	fs.DurationVar(&cfg.server.Peers.ReconnectMax, "peer-reconnect-max", peers.DefaultReconnectMax, "longest wait before following a --peer's stream again after it failed (the waits double from 50ms)")
+	fs.DurationVar(&cfg.server.Peers.Interval, "peer-interval", peers.DefaultInterval, "how often the --peer replicas that do not stream are polled, and the stream's heartbeat")
+	fs.DurationVar(&cfg.server.Peers.Timeout, "peer-timeout", peers.DefaultTimeout, "limit of one poll of one --peer, of the wait for its stream, and of one line's write to a replica following this one")
 	fs.DurationVar(&cfg.policyOpts.KVRoute.PeerMaxAge, "peer-max-age", router.DefaultPeerMaxAge, "a --peer's counts older than this stop counting; the replica then scales its own by --replicas")
 	fs.BoolVar(&cfg.explain, "explain-headers", false, "add the policy's predicted cached prompt tokens and TTFT to every response (X-Kvroute-Predicted-Cached, X-Kvroute-Predicted-Ttft-Ms); they tell clients what the fleet has cached, so only for trusted ones")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug (one line per request with its decision), info, warn or error")
@@ -126,8 +128,8 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 		return cfg, fmt.Errorf("--replicas must be at least 1, got %d", cfg.policyOpts.KVRoute.Replicas)
 	case len(cfg.server.Peers.Peers) > 0 && cfg.policyOpts.KVRoute.Replicas < 2:
 		return cfg, errors.New("--peer needs --replicas N: the number of router replicas, this one included")
-	case cfg.server.Peers.Interval <= 0 || cfg.server.Peers.Timeout <= 0 || cfg.policyOpts.KVRoute.PeerMaxAge <= 0:
-		return cfg, errors.New("--peer-interval, --peer-timeout and --peer-max-age must be positive")
+	case cfg.server.Peers.Interval <= 0 || cfg.server.Peers.Timeout <= 0 || cfg.policyOpts.KVRoute.PeerMaxAge <= 0 || cfg.server.Peers.ReconnectMax <= 0:
+		return cfg, errors.New("--peer-interval, --peer-timeout, --peer-max-age and --peer-reconnect-max must be positive")
 	case cfg.resilience.MaxAttempts < 1:
 		return cfg, fmt.Errorf("--max-attempts must be at least 1, got %d", cfg.resilience.MaxAttempts)
 	case cfg.resilience.RetryBudget < 0 || cfg.resilience.RetryBudget > 1:

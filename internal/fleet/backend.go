@@ -36,6 +36,9 @@ type Backend struct {
 	// peerLoad is the other router replicas' in-flight work here (see
 	// PeerLoad), nil when they report none.
 	peerLoad atomic.Pointer[PeerLoad]
+	// onLoad, when set, is told of every change of the counts below
+	// (WatchLoad).
+	onLoad atomic.Pointer[func(*Backend)]
 
 	// Router-side accounting, changed the moment a request is routed and
 	// released as it progresses (see Load).
@@ -156,6 +159,27 @@ func (b *Backend) Load() Load {
 	}
 }
 
+// WatchLoad makes fn be called with b after every change of b's in-flight
+// counts (Start, FirstToken, Done), on the goroutine that made it, once
+// the counts are updated; nil stops it. fn runs on the request path: it
+// must be cheap and must never block (a replica pushing its counts to its
+// peers marks b changed and wakes its writers, internal/peers). One
+// watcher per backend: a second call replaces the first.
+func (b *Backend) WatchLoad(fn func(*Backend)) {
+	if fn == nil {
+		b.onLoad.Store(nil)
+		return
+	}
+	b.onLoad.Store(&fn)
+}
+
+// loadChanged tells the watcher, if any, that b's counts changed.
+func (b *Backend) loadChanged() {
+	if fn := b.onLoad.Load(); fn != nil {
+		(*fn)(b)
+	}
+}
+
 // Start counts a request routed to the backend: prefill is the prompt
 // tokens the backend must compute, context the tokens its KV will hold. It
 // returns the handle that releases them; call its methods from the request's
@@ -164,6 +188,7 @@ func (b *Backend) Start(prefill, context int) *Flight {
 	b.requests.Add(1)
 	b.prefillTokens.Add(int64(prefill))
 	b.decodeTokens.Add(int64(context))
+	b.loadChanged()
 	return &Flight{b: b, prefill: int64(prefill), context: int64(context)}
 }
 
@@ -183,6 +208,7 @@ func (f *Flight) FirstToken() {
 	f.firstDone = true
 	f.b.prefillTokens.Add(-f.prefill)
 	f.b.decoding.Add(1)
+	f.b.loadChanged()
 }
 
 // Done releases everything the request still holds. Calling it again does
@@ -199,4 +225,5 @@ func (f *Flight) Done() {
 	f.done = true
 	f.b.decodeTokens.Add(-f.context)
 	f.b.requests.Add(-1)
+	f.b.loadChanged()
 }

@@ -102,6 +102,8 @@ type Fleet struct {
 	// index with a newcomer in a policy's per-backend state.
 	next  int
 	watch func([]*Backend)
+	// watchLoad is every backend's load watcher (WatchLoad).
+	watchLoad func(*Backend)
 
 	scrapeEvery, healthEvery, timeout time.Duration
 	failAfter, passAfter              int

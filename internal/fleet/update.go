@@ -16,6 +16,19 @@ func (f *Fleet) Watch(fn func(backends []*Backend)) {
 	f.watch = fn
 }
 
+// WatchLoad makes fn the load watcher (Backend.WatchLoad) of every backend
+// of the fleet, and of every backend Update adds from now on; nil stops
+// it for the backends to come. A removed backend keeps it: its requests
+// still in flight change its counts as they end.
+func (f *Fleet) WatchLoad(fn func(*Backend)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.watchLoad = fn
+	for _, b := range f.set.Load().backends {
+		b.WatchLoad(fn)
+	}
+}
+
 // identity is what makes a backend the same one across updates: its name,
 // its URL and the key it is sent. A backend whose URL or key changes is a
 // new backend that starts cold.
@@ -66,6 +79,9 @@ func (f *Fleet) Update(ctx context.Context, backends []*Backend) (added, removed
 		b.Index = f.next
 		f.next++
 		b.SetHealthy(false) // not a candidate until a health check passes
+		if f.watchLoad != nil {
+			b.WatchLoad(f.watchLoad)
+		}
 		m := newMember(b)
 		next.add(m)
 		fresh = append(fresh, m)

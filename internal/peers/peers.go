@@ -2,11 +2,13 @@
 // counts exactly the work it sent each backend (fleet.Load) but not what
 // the other replicas sent, so a burst split across replicas herds onto the
 // backend each of them believes idle. Each replica serves its counts (Handler)
-// and polls the others' (Poller); the sum reaches the policy through
-// fleet.Backend.SetPeerLoad. Polling plain HTTP keeps it to the standard
-// library and to what an operator can read with curl; at a poll every
-// 100 ms a replica's view of the others is at most a poll and a round trip
-// old, shorter than a typical prefill.
+// and follows the others' (Poller); the sum reaches the policy through
+// fleet.Backend.SetPeerLoad. Each replica pushes its changes as they
+// happen (Hub, at StreamPath) and its peers follow that stream, so a pick
+// reaches the others within a round trip; a peer that does not serve the
+// stream (an older replica) is polled instead, every 100 ms. Plain HTTP
+// keeps it to the standard library and to what an operator can read with
+// curl.
 package peers
 
 import (
@@ -51,7 +53,7 @@ func Snapshot(id string, backends []*fleet.Backend) Report {
 		if l == (fleet.Load{}) || b.URL == nil {
 			continue
 		}
-		r.Backends[b.URL.String()] = Counts{Requests: l.Requests, PrefillTokens: l.PrefillTokens, Decoding: l.Decoding, DecodeTokens: l.DecodeTokens}
+		r.Backends[b.URL.String()] = countsOf(l)
 	}
 	return r
 }

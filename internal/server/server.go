@@ -6,6 +6,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -81,11 +82,12 @@ type Config struct {
 	MaxConns                       int
 	// DrainDelay and Grace pace Shutdown (defaults above; negative: none).
 	DrainDelay, Grace time.Duration
-	// Peers, when it lists any, polls the other router replicas' in-flight
-	// counts (internal/peers); its MaxAge defaults to the policy's
-	// PeerMaxAge. Every server serves its own counts at peers.Path on its
-	// metrics listener, or on its API listener when it polls peers and has
-	// no metrics listener.
+	// Peers, when it lists any, follows the other router replicas'
+	// in-flight counts (internal/peers): by their streams with Push, else
+	// by polls; its MaxAge defaults to the policy's PeerMaxAge. Every
+	// server serves its own counts at peers.Path, and their stream at
+	// peers.StreamPath, on its metrics listener, or on its API listener
+	// when it follows peers and has no metrics listener.
 	Peers peers.Options
 	// Logger receives the components' logs; nil means slog.Default().
 	Logger *slog.Logger
@@ -110,6 +112,7 @@ type Server struct {
 	log     *slog.Logger
 	api     *http.Server
 	metrics *http.Server
+	hub     *peers.Hub // streams this replica's counts to its peers
 	cancel  context.CancelFunc
 	run     *Group
 	once    sync.Once
@@ -163,19 +166,28 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	core.Run(ctx, s.goRun)
 	id := replicaID()
 	var api, admin http.Handler = px, px.MetricsHandler()
+	po := cfg.Peers
+	if po.MaxAge <= 0 {
+		po.MaxAge = cfg.Router.KVRoute.PeerMaxAge
+	}
+	if po.MaxAge <= 0 {
+		po.MaxAge = router.DefaultPeerMaxAge
+	}
+	// The stream's heartbeat is what keeps a quiet replica's counts fresh
+	// at its followers: well within the age past which they stop counting.
+	s.hub = peers.NewHub(id, fl.Backends, peers.HubOptions{
+		Heartbeat: min(cmp.Or(po.Interval, peers.DefaultInterval), po.MaxAge/4), WriteTimeout: po.Timeout,
+		Logger: log, Registerer: px.Registerer()})
+	fl.WatchLoad(s.hub.Changed)
 	// The counts name the backends' addresses: on the API listener only
 	// when the operator asked for peers and gave no admin listener.
 	switch {
 	case mln != nil:
-		admin = withPeerLoad(admin, id, fl)
+		admin = withPeerLoad(admin, id, fl, s.hub)
 	case len(cfg.Peers.Peers) > 0:
-		api = withPeerLoad(api, id, fl)
+		api = withPeerLoad(api, id, fl, s.hub)
 	}
 	if len(cfg.Peers.Peers) > 0 {
-		po := cfg.Peers
-		if po.MaxAge <= 0 {
-			po.MaxAge = cfg.Router.KVRoute.PeerMaxAge
-		}
 		po.Logger, po.Registerer = log, px.Registerer()
 		poller := peers.NewPoller(id, fl.Backends, po)
 		s.goRun(func() error { return poller.Run(ctx) })
@@ -190,16 +202,19 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// withPeerLoad serves the replica's in-flight counts at peers.Path beside
-// next.
-func withPeerLoad(next http.Handler, id string, fl *fleet.Fleet) http.Handler {
+// withPeerLoad serves the replica's in-flight counts at peers.Path, and
+// their stream at peers.StreamPath, beside next.
+func withPeerLoad(next http.Handler, id string, fl *fleet.Fleet, hub *peers.Hub) http.Handler {
 	counts := peers.Handler(id, fl.Backends)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == peers.Path {
+		switch r.URL.Path {
+		case peers.Path:
 			counts.ServeHTTP(w, r)
-			return
+		case peers.StreamPath:
+			hub.ServeHTTP(w, r)
+		default:
+			next.ServeHTTP(w, r)
 		}
-		next.ServeHTTP(w, r)
 	})
 }
 
@@ -264,6 +279,7 @@ func (s *Server) shutdown(ctx context.Context) error {
 		}
 	}
 	log.Info("draining: no longer accepting; waiting for requests in flight", "grace", max(s.cfg.Grace, 0).String())
+	s.hub.Close() // the peers' streams would hold the listener open until the grace ends
 	graceCtx, cancel := context.WithTimeout(ctx, max(s.cfg.Grace, 0))
 	err := s.api.Shutdown(graceCtx)
 	cancel()
@@ -288,6 +304,7 @@ func (s *Server) shutdown(ctx context.Context) error {
 func (s *Server) Close() {
 	s.once.Do(func() {
 		s.Proxy.Stop()
+		s.hub.Close()
 		s.api.Close()
 		s.stopRest()
 	})
