@@ -96,6 +96,17 @@ type Config struct {
 	// Router replicas). kvroute is told (KVRouteConfig.PeersExact), and
 	// with KVEvents decides as one router.
 	GossipEachRequest bool
+	// GossipPush streams each replica's in-flight counts to the others
+	// whenever they change (a request routed, its first token, its end),
+	// reaching them this long after (a one-way network delay; 0: never),
+	// as a replica that pushes its counts to its peers would. With it the
+	// others' counts are never more than this old; a burst arriving at one
+	// instant is still routed before any count reaches the others.
+	// PushAsOne tells kvroute the counts are exact
+	// (KVRouteConfig.PeersExact), so that with KVEvents it decides as one
+	// router; without it, it decides as a replica (kvroute_replicas.go).
+	GossipPush time.Duration
+	PushAsOne  bool
 	// KVEvents makes every server publish its KV events (vLLM's
 	// BlockStored and BlockRemoved) and every replica's kvroute read them,
 	// KVEventDelay after the step that made them ends (default
@@ -313,6 +324,7 @@ type simulation struct {
 	origin      time.Time
 	tokBuf      []int32
 	kv          *kvFeed // the servers' KV events; nil without Config.KVEvents
+	push        *pushFeed
 }
 
 // sessionRef is one session of the (tiled) workload.
@@ -365,7 +377,11 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		if cfg.Gossip > 0 {
 			opts.KVRoute.PeerMaxAge = 3 * cfg.Gossip
 		}
-		opts.KVRoute.PeersExact = cfg.GossipEachRequest
+		if cfg.GossipPush > 0 {
+			// A pushed count holds until the next change, however old.
+			opts.KVRoute.PeerMaxAge = math.MaxInt64
+		}
+		opts.KVRoute.PeersExact = cfg.GossipEachRequest || cfg.GossipPush > 0 && cfg.PushAsOne
 		if s.kv != nil {
 			opts.KVRoute.Events = s.kv
 		}
@@ -384,6 +400,9 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		}
 		rep.router = r
 		s.replicas = append(s.replicas, rep)
+	}
+	if cfg.GossipPush > 0 && cfg.Routers > 1 {
+		s.push = newPushFeed(s)
 	}
 	s.order = newOrder(cfg)
 	total := cfg.Tile * cfg.Workload.Requests()
@@ -488,6 +507,8 @@ func (s *simulation) run(ctx context.Context) error {
 			}
 		case evKVEvents:
 			s.kv.deliver(int(ev.idx))
+		case evPush:
+			s.push.deliver()
 		}
 	}
 	return nil
@@ -577,6 +598,9 @@ func (s *simulation) endStep(i int) {
 			if r.Output == 1 {
 				f.first = s.now
 				f.t.FirstToken()
+				if s.push != nil {
+					s.push.changed(int(f.replica), i)
+				}
 			}
 			if r.State == engine.StateFinished {
 				s.finish(f)
@@ -633,6 +657,9 @@ func (s *simulation) gossip() {
 			others := total.Minus(rep.backends[i].Load())
 			rep.backends[i].SetPeerLoad(&fleet.PeerLoad{Load: others, Peers: peers, At: at})
 		}
+	}
+	if s.push != nil {
+		s.push.polled()
 	}
 }
 
