@@ -89,8 +89,9 @@ func TestGossipEachRequestSpreadsABurst(t *testing.T) {
 // The same burst arriving over 16 ms, a prompt a millisecond, split over
 // four replicas: counts pushed as they change (GossipPush, 0.5 ms on a
 // LAN) reach the others before their next prompt, and the burst spreads one
-// prompt a server as one router spreads it, deciding as a replica or as
-// one router (PushAsOne); polled every 100 ms they herd as before.
+// prompt a server as one router spreads it, deciding as one router (the
+// default) or as a replica (PushAsReplica); polled every 100 ms they herd
+// as before.
 func TestGossipPushSpreadsABurst(t *testing.T) {
 	const servers = 16
 	w := workload.Workload{Name: "burst"}
@@ -104,7 +105,7 @@ func TestGossipPushSpreadsABurst(t *testing.T) {
 	}
 	mostOnOne := func(routers int, gossip, push time.Duration, asOne bool) int {
 		res, err := Run(context.Background(), Config{
-			Workload: w, Backends: servers, Routers: routers, Gossip: gossip, GossipPush: push, PushAsOne: asOne,
+			Workload: w, Backends: servers, Routers: routers, Gossip: gossip, GossipPush: push, PushAsReplica: !asOne,
 			KVEvents: true, Profile: profile(t), Policies: []string{"kvroute"}, Seed: 1,
 		})
 		if err != nil {

@@ -102,11 +102,16 @@ type Config struct {
 	// as a replica that pushes its counts to its peers would. With it the
 	// others' counts are never more than this old; a burst arriving at one
 	// instant is still routed before any count reaches the others.
-	// PushAsOne tells kvroute the counts are exact
-	// (KVRouteConfig.PeersExact), so that with KVEvents it decides as one
-	// router; without it, it decides as a replica (kvroute_replicas.go).
-	GossipPush time.Duration
-	PushAsOne  bool
+	// kvroute is told the counts are exact (KVRouteConfig.PeersExact), so
+	// that with KVEvents it decides as one router, unless PushAsReplica:
+	// then it decides as a replica behind polled counts does
+	// (kvroute_replicas.go). Measured both ways in docs/BENCHMARKS.md
+	// (Router replicas, pushed counts): on Mooncake's trace with its
+	// arrivals spread over their ticks, as one router matches one
+	// router's tails where the replica's end-to-end p99 is a third longer;
+	// on its ticks replayed as instant bursts, as one router herds.
+	GossipPush    time.Duration
+	PushAsReplica bool
 	// KVEvents makes every server publish its KV events (vLLM's
 	// BlockStored and BlockRemoved) and every replica's kvroute read them,
 	// KVEventDelay after the step that made them ends (default
@@ -381,7 +386,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			// A pushed count holds until the next change, however old.
 			opts.KVRoute.PeerMaxAge = math.MaxInt64
 		}
-		opts.KVRoute.PeersExact = cfg.GossipEachRequest || cfg.GossipPush > 0 && cfg.PushAsOne
+		opts.KVRoute.PeersExact = cfg.GossipEachRequest || cfg.GossipPush > 0 && !cfg.PushAsReplica
 		if s.kv != nil {
 			opts.KVRoute.Events = s.kv
 		}
