@@ -108,8 +108,8 @@ type Config struct {
 	// (kvroute_replicas.go). Measured both ways in docs/BENCHMARKS.md
 	// (Router replicas, pushed counts): on Mooncake's trace with its
 	// arrivals spread over their ticks, as one router matches one
-	// router's tails where the replica's end-to-end p99 is a third longer;
-	// on its ticks replayed as instant bursts, as one router herds.
+	// router's tails where the replica's end-to-end p99 is up to a third
+	// longer; on its ticks replayed as instant bursts, as one router herds.
 	GossipPush    time.Duration
 	PushAsReplica bool
 	// KVEvents makes every server publish its KV events (vLLM's
