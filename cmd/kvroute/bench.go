@@ -48,6 +48,7 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 	fs.IntVar(&bf.cfg.Users, "users", 0, "closed loop with this many users instead of open-loop arrivals")
 	fs.DurationVar(&opts.Duration, "duration", 0, "span of arrivals (for traces: the part replayed, in trace time); 0: the workload's default or the whole trace")
 	fs.Float64Var(&opts.Compress, "compress", 1, "traces: divide timestamps by this (4: four times the trace's rate)")
+	fs.DurationVar(&opts.SpreadArrivals, "spread-arrivals", 0, "traces: spread the requests whose timestamps round to the same multiple of this over the interval after it, at random from --seed, in their order (3s for Mooncake's conversation trace, logged in 3-second ticks); in trace time, before --compress (0: the timestamps as they are)")
 	fs.Float64Var(&bf.cfg.TimeScale, "time-scale", 0.2, "wall seconds per model second (0.2: five times faster than real time)")
 	fs.Uint64Var(&opts.Seed, "seed", 1, "seed of the workload, the replies and the policies")
 	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile of the backends: "+strings.Join(engine.ProfileNames(), ", "))
@@ -86,8 +87,8 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 		return bf, fmt.Errorf("--backends must be at least 1, got %d", bf.cfg.Backends)
 	case !(bf.cfg.TimeScale > 0):
 		return bf, fmt.Errorf("--time-scale must be positive, got %v", bf.cfg.TimeScale)
-	case opts.Rate < 0 || opts.Compress <= 0 || bf.cfg.Users < 0 || opts.Duration < 0:
-		return bf, errors.New("--rate, --users and --duration must not be negative, --compress must be positive")
+	case opts.Rate < 0 || opts.Compress <= 0 || opts.SpreadArrivals < 0 || bf.cfg.Users < 0 || opts.Duration < 0:
+		return bf, errors.New("--rate, --users, --duration and --spread-arrivals must not be negative, --compress must be positive")
 	case bf.cfg.Goodput > 0 && bf.cfg.Users > 0:
 		return bf, errors.New("--goodput searches over arrival rates: it needs open-loop arrivals, not --users")
 	}

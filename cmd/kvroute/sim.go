@@ -58,6 +58,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.IntVar(&sf.cfg.Users, "users", 0, "closed loop with this many users instead of open-loop arrivals")
 	fs.DurationVar(&opts.Duration, "duration", 0, "span of arrivals (for traces: the part replayed, in trace time); 0: the workload's default or the whole trace")
 	fs.Float64Var(&opts.Compress, "compress", 1, "traces: divide timestamps by this (4: four times the trace's rate)")
+	fs.DurationVar(&opts.SpreadArrivals, "spread-arrivals", 0, "traces: spread the requests whose timestamps round to the same multiple of this over the interval after it, at random from --seed, in their order (3s for Mooncake's conversation trace, logged in 3-second ticks); in trace time, before --compress (0: the timestamps as they are)")
 	fs.IntVar(&sf.cfg.Tile, "tile", 1, "traces: replay this many copies at once, each with its own sessions and prompts (a bigger fleet's traffic)")
 	fs.Uint64Var(&opts.Seed, "seed", 1, "seed of the workload, the replies, the policies and the router split")
 	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile of the servers: "+strings.Join(engine.ProfileNames(), ", "))
@@ -65,6 +66,8 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.IntVar(&blockSize, "block-size", 0, "KV block of the servers in tokens, their KV capacity in tokens kept (default: the profile's; 512, the block of Mooncake's traces, simulates a large fleet many times faster)")
 	fs.DurationVar(&sf.cfg.Scrape, "scrape-interval", time.Second, "how often each router replica reads the servers' metrics")
 	fs.DurationVar(&sf.cfg.Gossip, "gossip", 0, "how often router replicas share their in-flight counts, as serve's --peer does every --peer-interval (0: never)")
+	fs.DurationVar(&sf.cfg.GossipPush, "gossip-push", 0, "router replicas push their in-flight counts to each other whenever they change (a request routed, its first token, its end), reaching them after this one-way delay (e.g. 500us on a LAN; 0: never); kvroute takes them as exact (--push-as-replica: not)")
+	fs.BoolVar(&sf.cfg.PushAsReplica, "push-as-replica", false, "with --gossip-push: kvroute decides as a replica behind polled counts does, instead of taking the pushed counts as exact (with --kv-events: as one router)")
 	fs.BoolVar(&sf.cfg.GossipEachRequest, "gossip-each-request", false, "router replicas also share their in-flight counts before every routing decision, as fresh as one router's (with --kv-events kvroute then decides as one router): the bound no poll reaches")
 	fs.BoolVar(&sf.cfg.ReplicaUnaware, "replica-unaware", false, "do not tell kvroute how many replicas share the fleet (to measure what that saves)")
 	fs.BoolVar(&sf.cfg.KVEvents, "kv-events", false, "servers publish their KV events (vLLM's BlockStored, BlockRemoved) and kvroute reads them: exact cached blocks instead of the index's guess")
@@ -102,10 +105,12 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 		return sf, fmt.Errorf("--backends must be at least 1, got %d", sf.cfg.Backends)
 	case sf.cfg.Routers < 1:
 		return sf, fmt.Errorf("--routers must be at least 1, got %d", sf.cfg.Routers)
+	case sf.cfg.GossipPush < 0:
+		return sf, fmt.Errorf("--gossip-push must not be negative, got %v", sf.cfg.GossipPush)
 	case sf.cfg.Tile < 1:
 		return sf, fmt.Errorf("--tile must be at least 1, got %d", sf.cfg.Tile)
-	case opts.Rate < 0 || opts.Compress <= 0 || sf.cfg.Users < 0 || opts.Duration < 0:
-		return sf, errors.New("--rate, --users and --duration must not be negative, --compress must be positive")
+	case opts.Rate < 0 || opts.Compress <= 0 || opts.SpreadArrivals < 0 || sf.cfg.Users < 0 || opts.Duration < 0:
+		return sf, errors.New("--rate, --users, --duration and --spread-arrivals must not be negative, --compress must be positive")
 	case findBackend && sf.find.SLO <= 0:
 		return sf, errors.New("--find-backends needs --slo-ttft-p99")
 	case !findBackend && sf.find.SLO > 0:

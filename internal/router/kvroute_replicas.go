@@ -36,11 +36,11 @@ import (
 //     its delay to the streams in flight (kvroute_decode.go, stream), and
 //     places by the cost without the stream (placed).
 //
-// With the engines' KV events and the others' counts exact at every pick
-// (the simulator's bound, KVRouteConfig.PeersExact) the last two are not
-// needed: it adds the others' counts and decides as one router (asOne).
-// Behind counts a poll old they are, since replicas route a burst that
-// arrives at once before any count reaches the others.
+// With the engines' KV events and the others' counts exact at every pick,
+// or pushed to it as they change (KVRouteConfig.PeersExact) the last two
+// are not needed: it adds the others' counts and decides as one router
+// (asOne). Behind counts a poll old they are, since replicas route a burst
+// that arrives within a poll before any count reaches the others.
 
 // placementSlack is how much dearer, in predicted seconds, a backend may be
 // and still be where a replica places a session it has not seen: wider
@@ -138,6 +138,16 @@ func (q peerPrefill) wait(prefill func(tokens float64) float64) float64 {
 // With counts a poll old it must not: the replicas route a burst arriving
 // at one instant before any count reaches the others, and priced alike
 // they herd (TTFT p99 8.91 s against 6.61 s placed by hash, seed 1).
+// Counts pushed as they change (`kvroute sim --gossip-push 500us`: a
+// network delay old, never a poll) are exact but for the last half
+// millisecond's picks, and on the same trace with its arrivals spread over
+// the 3-second ticks they were logged in (--spread-arrivals 3s) deciding as
+// one router matches one router (TTFT p99 5.83 s, end-to-end p99 22–23 s,
+// hit rate 101–103 % of one router's) where deciding as a replica leaves
+// the end-to-end p99 at 26–29 s. Replayed as logged, every tick's requests
+// at one instant, the same push herds (TTFT p99 9.05–10.4 s against one
+// router's 6.01 s): no delay is short enough for a burst of one instant,
+// which live traffic is not.
 func (p *KVRoute) asOne() bool {
 	return p.cfg.Replicas <= 1 || p.cfg.PeersExact && p.cfg.Events != nil
 }

@@ -28,6 +28,9 @@ const (
 	// evKVEvents delivers server idx's KV events that have arrived to the
 	// routers (Config.KVEvents).
 	evKVEvents
+	// evPush delivers the oldest replica count change in flight to the
+	// other replicas (Config.GossipPush).
+	evPush
 )
 
 // event is one thing to happen at a moment of virtual time. Events at the

@@ -85,3 +85,96 @@ func TestGossipEachRequestSpreadsABurst(t *testing.T) {
 		t.Errorf("counts shared before every decision: %d prompts of the burst on one server, want 1", each)
 	}
 }
+
+// The same burst arriving over 16 ms, a prompt a millisecond, split over
+// four replicas: counts pushed as they change (GossipPush, 0.5 ms on a
+// LAN) reach the others before their next prompt, and the burst spreads one
+// prompt a server as one router spreads it, deciding as one router (the
+// default) or as a replica (PushAsReplica); polled every 100 ms they herd
+// as before.
+func TestGossipPushSpreadsABurst(t *testing.T) {
+	const servers = 16
+	w := workload.Workload{Name: "burst"}
+	for i := range servers {
+		blocks := make([]uint64, 16)
+		for j := range blocks {
+			blocks[j] = uint64(i*100 + j + 1)
+		}
+		w.Sessions = append(w.Sessions, workload.Session{ID: fmt.Sprintf("s%d", i), Start: time.Duration(i) * time.Millisecond,
+			Turns: []workload.Turn{{Blocks: blocks, BlockTokens: 512, Tokens: 16 * 512, MaxTokens: 50}}})
+	}
+	mostOnOne := func(routers int, gossip, push time.Duration, asOne bool) int {
+		res, err := Run(context.Background(), Config{
+			Workload: w, Backends: servers, Routers: routers, Gossip: gossip, GossipPush: push, PushAsReplica: !asOne,
+			KVEvents: true, Profile: profile(t), Policies: []string{"kvroute"}, Seed: 1,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := map[string]int{}
+		most := 0
+		for _, r := range res.Runs[0].Requests {
+			per[r.Backend]++
+			most = max(most, per[r.Backend])
+		}
+		return most
+	}
+	one := mostOnOne(1, 0, 0, false)
+	polled := mostOnOne(4, 100*time.Millisecond, 0, false)
+	pushed := mostOnOne(4, 0, 500*time.Microsecond, false)
+	pushedOne := mostOnOne(4, 0, 500*time.Microsecond, true)
+	t.Logf("most prompts of the burst on one server: one router %d; 4 replicas, counts polled %d, pushed %d (as one router: %d)", one, polled, pushed, pushedOne)
+	if one != 1 {
+		t.Fatalf("one router put %d prompts of the burst on one server, want 1", one)
+	}
+	if polled < 2 {
+		t.Errorf("counts polled every 100 ms: at most %d prompt(s) of the burst on a server, want a herd (2 or more)", polled)
+	}
+	if pushed != 1 || pushedOne != 1 {
+		t.Errorf("counts pushed: %d prompts of the burst on one server as a replica, %d as one router, want 1", pushed, pushedOne)
+	}
+}
+
+// A pushed count reaches the other replicas after the delay and not
+// before: a replica's view of a server is its own count plus the others'
+// as they were GossipPush ago.
+func TestGossipPushArrivesAfterTheDelay(t *testing.T) {
+	w := workload.Workload{Name: "one", Sessions: []workload.Session{{ID: "a", Turns: []workload.Turn{
+		{Blocks: []uint64{1, 2}, BlockTokens: 512, Tokens: 1024, MaxTokens: 5}}}}}
+	cfg, err := Config{Workload: w, Backends: 2, Routers: 3, GossipPush: time.Millisecond, Profile: profile(t), Policies: []string{"kvroute"}, Seed: 1}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newSimulation(cfg, "kvroute", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.startNext(0)
+	ev := s.q.pop()
+	s.now = ev.at
+	s.send(int(ev.idx))
+	f := s.flights[0]
+	server := f.t.Backend.Index
+	other := s.replicas[(int(f.replica)+1)%3].backends[server]
+	if pl := other.PeerLoad(s.clock(), time.Hour); pl == nil || pl.Requests != 0 || pl.Peers != 2 {
+		t.Fatalf("before the delay another replica sees %+v, want the peers' empty counts", pl)
+	}
+	for s.q.len() > 0 {
+		ev := s.q.pop()
+		if ev.kind != evPush {
+			continue
+		}
+		s.now = ev.at
+		s.push.deliver()
+		break
+	}
+	if s.now != time.Millisecond {
+		t.Fatalf("the push arrived at %v, want 1ms", s.now)
+	}
+	if pl := other.PeerLoad(s.clock(), time.Hour); pl == nil || pl.Requests != 1 || pl.PrefillTokens == 0 {
+		t.Errorf("after the delay another replica sees %+v, want the request", pl)
+	}
+	if own := s.replicas[f.replica].backends[server].PeerLoad(s.clock(), time.Hour); own == nil || own.Requests != 0 {
+		t.Errorf("the sender counts its own request among its peers': %+v", own)
+	}
+}

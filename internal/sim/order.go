@@ -11,7 +11,9 @@ import (
 // order yields the sessions of the (tiled) workload by start time, ties in
 // tile order, then workload order. A tile's copy of a session starts at the
 // same time shifted by a fraction of the gap to the next session, so that
-// copies do not arrive in lockstep.
+// copies do not arrive in lockstep; when the workload's arrivals were
+// spread (workload.Options.SpreadArrivals), each copy is spread over the
+// trace's seconds on draws of its own instead (tileStart).
 //
 // Ten million tiled sessions listed up front would take 160 MB; when the
 // workload's sessions are in start order (every trace), each tile's copies
@@ -21,12 +23,17 @@ type order struct {
 	cfg   Config
 	list  []sessionRef // the whole order, when the workload is not sorted
 	tiles tileHeap     // else each tile's next session
-	total int
-	taken int
+	// spread holds each tile's last cell of spread arrivals.
+	spread []workload.SpreadScratch
+	total  int
+	taken  int
 }
 
 func newOrder(cfg Config) *order {
 	o := &order{cfg: cfg, total: len(cfg.Workload.Sessions) * cfg.Tile}
+	if cfg.Workload.Spread != nil {
+		o.spread = make([]workload.SpreadScratch, cfg.Tile)
+	}
 	ss := cfg.Workload.Sessions
 	sorted := slices.IsSortedFunc(ss, func(a, b workload.Session) int { return cmpDuration(a.Start, b.Start) })
 	if !sorted || cfg.Tile == 1 {
@@ -42,13 +49,33 @@ func newOrder(cfg Config) *order {
 
 // ref is tile t's copy of session i.
 func (o *order) ref(i, t int) sessionRef {
-	ss := o.cfg.Workload.Sessions
-	start := ss[i].Start
-	if t > 0 && i+1 < len(ss) {
-		gap := ss[i+1].Start - start
-		start += time.Duration(float64(gap) * float64(t) / float64(o.cfg.Tile))
+	var scratch *workload.SpreadScratch
+	if o.spread != nil {
+		scratch = &o.spread[t]
 	}
-	return sessionRef{start: start, base: int32(i), tile: int32(t)}
+	return sessionRef{start: tileStart(o.cfg, i, t, scratch), base: int32(i), tile: int32(t)}
+}
+
+// tileStart is when tile t's copy of session i starts. Copy 0 is the
+// workload's own. The others are shifted by a fraction of the gap to the
+// next session; but a trace logged in whole seconds has no gap within a
+// second, and every copy of a second's burst arrived at one instant with
+// it. Spread arrivals give each copy draws of its own over the same
+// seconds (workload.Spread.Copy): copies that are each a trace's possible
+// arrivals, as independent streams would be, not one stream's gaps cut
+// into even parts. scratch (nil without a spread) keeps a tile's draws.
+func tileStart(cfg Config, i, t int, scratch *workload.SpreadScratch) time.Duration {
+	ss := cfg.Workload.Sessions
+	start := ss[i].Start
+	switch {
+	case t == 0:
+	case cfg.Workload.Spread != nil:
+		start = cfg.Workload.Spread.Copy(i, t, scratch)
+	case i+1 < len(ss):
+		gap := ss[i+1].Start - start
+		start += time.Duration(float64(gap) * float64(t) / float64(cfg.Tile))
+	}
+	return start
 }
 
 // left reports whether sessions remain.

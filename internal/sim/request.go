@@ -70,20 +70,15 @@ func tokenMode(cfg Config) bool {
 	return true
 }
 
-// sessionOrder lists the sessions of the (tiled) workload by start time. A
-// tile's copy of a session starts at the same time shifted by a fraction of
-// the gap to the next session, so that copies do not arrive in lockstep.
+// sessionOrder lists the sessions of the (tiled) workload by start time
+// (tileStart: copies do not arrive in lockstep).
 func sessionOrder(cfg Config) []sessionRef {
 	ss := cfg.Workload.Sessions
 	out := make([]sessionRef, 0, len(ss)*cfg.Tile)
+	var scratch workload.SpreadScratch
 	for t := range cfg.Tile {
 		for i := range ss {
-			start := ss[i].Start
-			if t > 0 && i+1 < len(ss) {
-				gap := ss[i+1].Start - start
-				start += time.Duration(float64(gap) * float64(t) / float64(cfg.Tile))
-			}
-			out = append(out, sessionRef{start: start, base: int32(i), tile: int32(t)})
+			out = append(out, sessionRef{start: tileStart(cfg, i, t, &scratch), base: int32(i), tile: int32(t)})
 		}
 	}
 	slices.SortStableFunc(out, func(a, b sessionRef) int {
@@ -171,6 +166,9 @@ func (s *simulation) send(i int) {
 		return
 	}
 	f.t = t
+	if s.push != nil {
+		s.push.changed(int(f.replica), t.Backend.Index)
+	}
 	sv := &s.servers[t.Backend.Index]
 	if f.req.PromptLen+f.req.MaxTokens > s.cfg.Profile.MaxModelLen {
 		s.fail(f, http.StatusBadRequest, errTooLong)
@@ -226,6 +224,9 @@ func (s *simulation) fail(f *flight, status int, err error) {
 	if f.t != nil {
 		res.Backend, res.Route = f.t.Backend.Name, f.t.Reason
 		f.t.Finish(router.Failed(status))
+		if s.push != nil {
+			s.push.changed(int(f.replica), f.t.Backend.Index)
+		}
 	}
 	s.record(res)
 	s.release(f)
@@ -241,6 +242,9 @@ func (s *simulation) finish(f *flight) {
 	f.t.Finish(router.Outcome{Status: http.StatusOK,
 		PromptTokens: r.PromptLen, CachedTokens: r.CachedTokens, CompletionTokens: r.Output,
 		TTFT: ttft, Latency: e2e, Tokens: r.Output})
+	if s.push != nil {
+		s.push.changed(int(f.replica), f.t.Backend.Index)
+	}
 	i := int(f.session)
 	ss := &s.sessions[i]
 	res := results.Result{

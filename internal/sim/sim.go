@@ -96,6 +96,22 @@ type Config struct {
 	// Router replicas). kvroute is told (KVRouteConfig.PeersExact), and
 	// with KVEvents decides as one router.
 	GossipEachRequest bool
+	// GossipPush streams each replica's in-flight counts to the others
+	// whenever they change (a request routed, its first token, its end),
+	// reaching them this long after (a one-way network delay; 0: never),
+	// as a replica that pushes its counts to its peers would. With it the
+	// others' counts are never more than this old; a burst arriving at one
+	// instant is still routed before any count reaches the others.
+	// kvroute is told the counts are exact (KVRouteConfig.PeersExact), so
+	// that with KVEvents it decides as one router, unless PushAsReplica:
+	// then it decides as a replica behind polled counts does
+	// (kvroute_replicas.go). Measured both ways in docs/BENCHMARKS.md
+	// (Router replicas, pushed counts): on Mooncake's trace with its
+	// arrivals spread over their ticks, as one router matches one
+	// router's tails where the replica's end-to-end p99 is up to a third
+	// longer; on its ticks replayed as instant bursts, as one router herds.
+	GossipPush    time.Duration
+	PushAsReplica bool
 	// KVEvents makes every server publish its KV events (vLLM's
 	// BlockStored and BlockRemoved) and every replica's kvroute read them,
 	// KVEventDelay after the step that made them ends (default
@@ -313,6 +329,7 @@ type simulation struct {
 	origin      time.Time
 	tokBuf      []int32
 	kv          *kvFeed // the servers' KV events; nil without Config.KVEvents
+	push        *pushFeed
 }
 
 // sessionRef is one session of the (tiled) workload.
@@ -365,7 +382,11 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		if cfg.Gossip > 0 {
 			opts.KVRoute.PeerMaxAge = 3 * cfg.Gossip
 		}
-		opts.KVRoute.PeersExact = cfg.GossipEachRequest
+		if cfg.GossipPush > 0 {
+			// A pushed count holds until the next change, however old.
+			opts.KVRoute.PeerMaxAge = math.MaxInt64
+		}
+		opts.KVRoute.PeersExact = cfg.GossipEachRequest || cfg.GossipPush > 0 && !cfg.PushAsReplica
 		if s.kv != nil {
 			opts.KVRoute.Events = s.kv
 		}
@@ -384,6 +405,9 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		}
 		rep.router = r
 		s.replicas = append(s.replicas, rep)
+	}
+	if cfg.GossipPush > 0 && cfg.Routers > 1 {
+		s.push = newPushFeed(s)
 	}
 	s.order = newOrder(cfg)
 	total := cfg.Tile * cfg.Workload.Requests()
@@ -488,6 +512,8 @@ func (s *simulation) run(ctx context.Context) error {
 			}
 		case evKVEvents:
 			s.kv.deliver(int(ev.idx))
+		case evPush:
+			s.push.deliver()
 		}
 	}
 	return nil
@@ -577,6 +603,9 @@ func (s *simulation) endStep(i int) {
 			if r.Output == 1 {
 				f.first = s.now
 				f.t.FirstToken()
+				if s.push != nil {
+					s.push.changed(int(f.replica), i)
+				}
 			}
 			if r.State == engine.StateFinished {
 				s.finish(f)
@@ -633,6 +662,9 @@ func (s *simulation) gossip() {
 			others := total.Minus(rep.backends[i].Load())
 			rep.backends[i].SetPeerLoad(&fleet.PeerLoad{Load: others, Peers: peers, At: at})
 		}
+	}
+	if s.push != nil {
+		s.push.polled()
 	}
 }
 

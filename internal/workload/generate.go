@@ -26,6 +26,9 @@ type Workload struct {
 	Description string
 	// Sessions in order of start time.
 	Sessions []Session
+	// Spread, when not nil, says how a trace's quantized arrivals were
+	// spread (Options.SpreadArrivals).
+	Spread *Spread
 }
 
 // Requests returns the number of requests (turns) in w.
@@ -50,6 +53,13 @@ type Options struct {
 	Compress float64
 	// Seed makes the workload reproducible.
 	Seed uint64
+	// SpreadArrivals, for a trace, spreads the requests whose timestamps
+	// round to the same multiple of it over the interval that follows,
+	// at random from Seed, in their order (spread.go): for traces logged
+	// at a coarse resolution, whose requests would otherwise arrive in
+	// bursts at one instant. In trace time, before Compress. Zero: the
+	// timestamps as they are.
+	SpreadArrivals time.Duration
 }
 
 // Specs lists the workload specs Load understands.
@@ -65,6 +75,12 @@ const DefaultMTBench = "chat/mt_bench_question.jsonl"
 // ("mooncake:../shared/data/mooncake/conversation_trace.jsonl").
 func Load(spec string, opts Options) (Workload, error) {
 	name, path, _ := strings.Cut(spec, ":")
+	if opts.SpreadArrivals < 0 {
+		return Workload{}, fmt.Errorf("workload %s: negative arrival spread %v", spec, opts.SpreadArrivals)
+	}
+	if opts.SpreadArrivals > 0 && (name != "mooncake" && name != "azure" || opts.Rate > 0) {
+		return Workload{}, fmt.Errorf("workload %s: spreading arrivals is for a trace's own timestamps (mooncake, azure, without a rate)", spec)
+	}
 	rng := rand.New(rand.NewPCG(opts.Seed, 0x776f726b6c6f6164))
 	var (
 		w   Workload
@@ -99,7 +115,24 @@ func Load(spec string, opts Options) (Workload, error) {
 		return Workload{}, fmt.Errorf("workload %s: no requests (duration or rate too small?)", spec)
 	}
 	w.Name = spec
-	sort.SliceStable(w.Sessions, func(a, b int) bool { return w.Sessions[a].Start < w.Sessions[b].Start })
+	if w.Spread == nil {
+		sort.SliceStable(w.Sessions, func(a, b int) bool { return w.Sessions[a].Start < w.Sessions[b].Start })
+		return w, nil
+	}
+	perm := make([]int, len(w.Sessions))
+	for i := range perm {
+		perm[i] = i
+	}
+	sort.SliceStable(perm, func(a, b int) bool { return w.Sessions[perm[a]].Start < w.Sessions[perm[b]].Start })
+	sorted := make([]Session, len(perm))
+	for j, old := range perm {
+		sorted[j] = w.Sessions[old]
+	}
+	w.Sessions = sorted
+	w.Spread.reorder(perm)
+	if w.Description != "" {
+		w.Description += fmt.Sprintf("; arrivals sharing a %v timestamp spread over it", opts.SpreadArrivals)
+	}
 	return w, nil
 }
 
@@ -311,12 +344,16 @@ func mooncake(path string, opts Options) (Workload, error) {
 	}
 	compress := orDefault(opts.Compress, 1.0)
 	rng := rand.New(rand.NewPCG(opts.Seed, 0x6d6f6f6e))
-	var w Workload
-	var t time.Duration
+	var (
+		w   Workload
+		t   time.Duration
+		raw []time.Duration
+	)
 	for i, tr := range trace {
 		if opts.Duration > 0 && tr.Arrival >= opts.Duration {
 			break
 		}
+		raw = append(raw, tr.Arrival)
 		start := time.Duration(float64(tr.Arrival) / compress)
 		if opts.Rate > 0 {
 			t += time.Duration(rng.ExpFloat64() / opts.Rate * float64(time.Second))
@@ -334,6 +371,9 @@ func mooncake(path string, opts Options) (Workload, error) {
 	}
 	if len(w.Sessions) == 0 {
 		return w, nil
+	}
+	if opts.SpreadArrivals > 0 {
+		w.Spread = spreadTrace(w.Sessions, raw, opts.SpreadArrivals, compress, opts.Seed)
 	}
 	last := w.Sessions[len(w.Sessions)-1].Start
 	w.Description = fmt.Sprintf("Mooncake trace %s: %d requests over %v of model time (%.1f requests/s; trace time compressed %g×)",
@@ -366,6 +406,7 @@ func azure(path string, opts Options, rng *rand.Rand) (Workload, error) {
 		w     Workload
 		first time.Time
 		t     time.Duration
+		raw   []time.Duration
 	)
 	for line := 2; ; line++ {
 		rec, err := r.Read()
@@ -388,6 +429,7 @@ func azure(path string, opts Options, rng *rand.Rand) (Workload, error) {
 		if opts.Duration > 0 && at >= opts.Duration {
 			break
 		}
+		raw = append(raw, at)
 		start := time.Duration(float64(at) / compress)
 		if opts.Rate > 0 {
 			t += time.Duration(rng.ExpFloat64() / opts.Rate * float64(time.Second))
@@ -400,6 +442,9 @@ func azure(path string, opts Options, rng *rand.Rand) (Workload, error) {
 	}
 	if len(w.Sessions) == 0 {
 		return w, nil
+	}
+	if opts.SpreadArrivals > 0 {
+		w.Spread = spreadTrace(w.Sessions, raw, opts.SpreadArrivals, compress, opts.Seed)
 	}
 	last := w.Sessions[len(w.Sessions)-1].Start
 	w.Description = fmt.Sprintf("Azure trace %s: %d requests over %v of model time (%.1f requests/s; compressed %g×), no shared prefixes",
