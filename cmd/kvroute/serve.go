@@ -72,6 +72,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.server.Peers.ReconnectMax, "peer-reconnect-max", peers.DefaultReconnectMax, "longest wait before following a --peer's stream again after it failed (the waits double from 50ms)")
 	fs.DurationVar(&cfg.server.Peers.Interval, "peer-interval", peers.DefaultInterval, "how often the --peer replicas that do not stream are polled, and the stream's heartbeat")
 	fs.DurationVar(&cfg.server.Peers.Timeout, "peer-timeout", peers.DefaultTimeout, "limit of one poll of one --peer, of the wait for its stream, and of one line's write to a replica following this one")
+	fs.DurationVar(&cfg.policyOpts.KVRoute.PeerPush, "peer-push-delay", router.DefaultPeerPush, "with --peer-push and --kv-events: how late a --peer's pushed count may reach this replica; it then decides as one router but while its own picks come closer than this (a burst the others' counts have not caught up with); 0: always as a replica")
 	fs.DurationVar(&cfg.policyOpts.KVRoute.PeerMaxAge, "peer-max-age", router.DefaultPeerMaxAge, "a --peer's counts older than this stop counting; the replica then scales its own by --replicas")
 	fs.BoolVar(&cfg.explain, "explain-headers", false, "add the policy's predicted cached prompt tokens and TTFT to every response (X-Kvroute-Predicted-Cached, X-Kvroute-Predicted-Ttft-Ms); they tell clients what the fleet has cached, so only for trusted ones")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug (one line per request with its decision), info, warn or error")
@@ -130,6 +131,8 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 		return cfg, errors.New("--peer needs --replicas N: the number of router replicas, this one included")
 	case cfg.server.Peers.Interval <= 0 || cfg.server.Peers.Timeout <= 0 || cfg.policyOpts.KVRoute.PeerMaxAge <= 0 || cfg.server.Peers.ReconnectMax <= 0:
 		return cfg, errors.New("--peer-interval, --peer-timeout, --peer-max-age and --peer-reconnect-max must be positive")
+	case cfg.policyOpts.KVRoute.PeerPush < 0:
+		return cfg, fmt.Errorf("--peer-push-delay must not be negative, got %v", cfg.policyOpts.KVRoute.PeerPush)
 	case cfg.resilience.MaxAttempts < 1:
 		return cfg, fmt.Errorf("--max-attempts must be at least 1, got %d", cfg.resilience.MaxAttempts)
 	case cfg.resilience.RetryBudget < 0 || cfg.resilience.RetryBudget > 1:
@@ -141,6 +144,9 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	}
 	if err := core.check(); err != nil {
 		return cfg, err
+	}
+	if len(cfg.server.Peers.Peers) == 0 || !cfg.server.Peers.Push {
+		cfg.policyOpts.KVRoute.PeerPush = 0 // polled counts are a poll old
 	}
 	if _, err := router.New(cfg.policy, cfg.backends, cfg.policyOpts); err != nil {
 		return cfg, err

@@ -93,6 +93,9 @@ type KVRoute struct {
 	// for (SetBackends grows it); scratch taken from the pool is resized
 	// to it.
 	width atomic.Int64
+	// burst tells a replica behind pushed counts that it is in a burst
+	// (kvroute_replicas.go).
+	burst burstWatch
 }
 
 var _ FleetWatcher = (*KVRoute)(nil)
@@ -132,6 +135,11 @@ type KVRouteConfig struct {
 	// does): with the engines' KV events as well it then decides as one
 	// router (see asOne).
 	PeersExact bool
+	// PeerPush tells a replica that the other replicas' counts are pushed
+	// to it as they change and reach it within PeerPush (kvroute serve's
+	// --peer-push, the simulator's --gossip-push): with the engines' KV
+	// events it then decides as one router, but in a burst (see asOne).
+	PeerPush time.Duration
 	// PeerMaxAge is how old the other replicas' reported load may be and
 	// still count (default DefaultPeerMaxAge); past it, the replica scales
 	// its own counts instead.
@@ -199,6 +207,12 @@ func (c KVRouteConfig) withDefaults() KVRouteConfig {
 // peers' default polls (internal/peers), so that one lost poll does not
 // drop a peer, yet short beside a stream's life.
 const DefaultPeerMaxAge = time.Second
+
+// DefaultPeerPush is KVRouteConfig.PeerPush's default in kvroute serve:
+// a pushed count reached another replica 0.8 ms after the change at the
+// median and 1.5 ms on average on a loaded machine (docs/BENCHMARKS.md,
+// Router replicas).
+const DefaultPeerPush = 2 * time.Millisecond
 
 // maxSessions bounds the sessions kvroute remembers the backend of; past
 // it, they are forgotten wholesale (the index still knows their prompts).
@@ -302,6 +316,7 @@ type pickScratch struct {
 	stream  streamCost
 	tpot    []float64        // the stream's per-token time, by candidate (goodput)
 	pushed  []float64        // streams pushed over the objective, by candidate (goodput)
+	one     bool             // this pick decides as one router (asOne)
 	few     []int32          // a pruned pick's backends, by index
 	sub     []*fleet.Backend // and as candidates
 }
@@ -338,6 +353,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	s.peer = slices.Grow(s.peer[:0], len(cands))[:len(cands)]
 	loads := s.loads
 	now := p.cfg.Now()
+	s.one = p.asOne(now)
 	for i, b := range cands {
 		loads[i], s.peer[i] = p.load(b, now)
 		total += loads[i].Requests
@@ -381,7 +397,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 			}
 		}
 	} else {
-		best = p.breakTie(cand, cands, best, floor, floorTTFT, session, hasSession, p.placementKey(req, s.hashes))
+		best = p.breakTie(cand, cands, best, floor, floorTTFT, session, hasSession, p.placementKey(req, s.hashes, s.one))
 	}
 	chosen := cands[best]
 	// The router counts the request's prefill, and the queue model adds it,

@@ -426,7 +426,7 @@ func (p *KVRoute) stream(req *Request, s *pickScratch, ln *learned, promptTokens
 	// without; docs/BENCHMARKS.md, Router replicas). With the engines'
 	// events and the others' counts exact it prices it, as one router
 	// (asOne).
-	st.others = p.asOne()
+	st.others = s.one
 	if p.cfg.Objective == ObjectiveGoodput {
 		st.slo = &p.cfg.SLO
 		st.tpot = slices.Grow(s.tpot[:0], len(s.shares))[:len(s.shares)]

@@ -2,6 +2,7 @@ package router
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -148,16 +149,59 @@ func (q peerPrefill) wait(prefill func(tokens float64) float64) float64 {
 // at one instant, the same push herds (TTFT p99 9.05–10.4 s against one
 // router's 6.01 s): no delay is short enough for a burst of one instant,
 // which live traffic is not.
-func (p *KVRoute) asOne() bool {
-	return p.cfg.Replicas <= 1 || p.cfg.PeersExact && p.cfg.Events != nil
+//
+// Live traffic bursts too (a client sending a batch at once), so behind
+// pushed counts (KVRouteConfig.PeerPush) a replica decides as one router
+// only outside a burst: while two of its own picks come less than the push
+// delay apart, the others' picks of the same burst cannot have reached it,
+// and it decides as a replica until burstHold passes without another such
+// pair.
+func (p *KVRoute) asOne(now time.Time) bool {
+	switch {
+	case p.cfg.Replicas <= 1:
+		return true
+	case p.cfg.Events == nil:
+		return false
+	case p.cfg.PeersExact:
+		return true
+	case p.cfg.PeerPush > 0:
+		return !p.burst.pick(now.Sub(p.epoch), p.cfg.PeerPush)
+	}
+	return false
+}
+
+// burstHold is how long a replica behind pushed counts decides as a
+// replica after its picks last came faster than the push. Measured on
+// Mooncake (64 servers, 8 replicas, events, push 0.5 ms, seeds 1-3;
+// docs/BENCHMARKS.md, Router replicas): at 500 ms, with the trace's
+// arrivals spread over their ticks, the TTFT p99 is one router's (5.83 s)
+// and replayed as instant bursts it is 6.55-6.84 s where deciding as one
+// router herds to 9.05-10.4 s; a hold of 2 s, longer than the bursts' gap,
+// lost a step of p99 to spread arrivals (6.00 s on seed 3) and gained none
+// on bursts; none at all, 6.95 s on bursts.
+const burstHold = 500 * time.Millisecond
+
+// burstWatch tells a replica whether its picks come in a burst.
+type burstWatch struct {
+	last  atomic.Int64 // the previous pick, ns since the policy's epoch (+1: 0 is none)
+	until atomic.Int64 // a burst lasts until then, ns since the epoch
+}
+
+// pick records a pick at at and reports whether it is in a burst.
+func (w *burstWatch) pick(at, delay time.Duration) bool {
+	prev := w.last.Swap(int64(at) + 1)
+	if prev != 0 && int64(at)+1-prev < int64(delay) {
+		w.until.Store(int64(at + burstHold))
+	}
+	return int64(at) < w.until.Load()
 }
 
 // placementKey is what replicas agree on for req: its session key, else its
 // first prompt block; 0 (the cheapest, at random among near-ties) for a
 // single router and for a replica that decides as one (asOne).
-func (p *KVRoute) placementKey(req *Request, hashes []uint64) uint64 {
+func (p *KVRoute) placementKey(req *Request, hashes []uint64, one bool) uint64 {
 	switch {
-	case p.asOne():
+	case one:
 		return 0
 	case req.SessionKey != "":
 		return xxhash.Sum64String(req.SessionKey) | 1

@@ -279,7 +279,35 @@ func TestExactPeersDecideAsOne(t *testing.T) {
 	// Without events a replica's index knows only its own placements: told
 	// the counts are exact, it still places by hash.
 	p := NewKVRoute(nil, KVRouteConfig{Replicas: 8, PeersExact: true})
-	if p.asOne() {
+	if p.asOne(time.Now()) {
 		t.Error("exact counts without events: decides as one router, want placement by hash")
+	}
+}
+
+// Behind pushed counts a replica with events decides as one router, but
+// not in a burst: from two of its own picks less than the push delay apart
+// until burstHold passes without another such pair, the others' picks of
+// the same burst cannot have reached it.
+func TestPushedCountsDecideAsOneButInABurst(t *testing.T) {
+	p := NewKVRoute(nil, KVRouteConfig{Replicas: 4, Events: &heldBy{}, PeerPush: time.Millisecond})
+	t0 := p.epoch.Add(time.Minute)
+	for _, step := range []struct {
+		at   time.Duration
+		want bool
+	}{
+		{0, true},                      // a first pick
+		{100 * time.Millisecond, true}, // far from the last
+		{100*time.Millisecond + 200*time.Microsecond, false}, // a burst
+		{300 * time.Millisecond, false},                      // still within burstHold of it
+		{100*time.Millisecond + burstHold + time.Millisecond, true},
+	} {
+		if got := p.asOne(t0.Add(step.at)); got != step.want {
+			t.Errorf("pick at +%v: as one router %v, want %v", step.at, got, step.want)
+		}
+	}
+	// Without pushed counts a replica never decides as one router.
+	q := NewKVRoute(nil, KVRouteConfig{Replicas: 4, Events: &heldBy{}})
+	if q.asOne(t0) {
+		t.Error("counts neither exact nor pushed: decides as one router")
 	}
 }

@@ -102,10 +102,10 @@ type Config struct {
 	// as a replica that pushes its counts to its peers would. With it the
 	// others' counts are never more than this old; a burst arriving at one
 	// instant is still routed before any count reaches the others.
-	// kvroute is told the counts are exact (KVRouteConfig.PeersExact), so
-	// that with KVEvents it decides as one router, unless PushAsReplica:
-	// then it decides as a replica behind polled counts does
-	// (kvroute_replicas.go). Measured both ways in docs/BENCHMARKS.md
+	// kvroute is told the push delay (KVRouteConfig.PeerPush), so that
+	// with KVEvents it decides as one router but in a burst, unless
+	// PushAsReplica: then it decides as a replica behind polled counts
+	// does (kvroute_replicas.go). Measured both ways in docs/BENCHMARKS.md
 	// (Router replicas, pushed counts): on Mooncake's trace with its
 	// arrivals spread over their ticks, as one router matches one
 	// router's tails where the replica's end-to-end p99 is up to a third
@@ -386,7 +386,10 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			// A pushed count holds until the next change, however old.
 			opts.KVRoute.PeerMaxAge = math.MaxInt64
 		}
-		opts.KVRoute.PeersExact = cfg.GossipEachRequest || cfg.GossipPush > 0 && !cfg.PushAsReplica
+		opts.KVRoute.PeersExact = cfg.GossipEachRequest
+		if !cfg.PushAsReplica {
+			opts.KVRoute.PeerPush = cfg.GossipPush
+		}
 		if s.kv != nil {
 			opts.KVRoute.Events = s.kv
 		}
