@@ -37,11 +37,12 @@ import (
 //     its delay to the streams in flight (kvroute_decode.go, stream), and
 //     places by the cost without the stream (placed).
 //
-// With the engines' KV events and the others' counts exact at every pick,
-// or pushed to it as they change (KVRouteConfig.PeersExact) the last two
-// are not needed: it adds the others' counts and decides as one router
-// (asOne). Behind counts a poll old they are, since replicas route a burst
-// that arrives within a poll before any count reaches the others.
+// With the engines' KV events and the others' counts exact at every pick
+// (KVRouteConfig.PeersExact), or pushed to it as they change
+// (KVRouteConfig.PeerPush) outside a burst, the last two are not needed:
+// it adds the others' counts and decides as one router (asOne). Behind
+// counts a poll old they are, since replicas route a burst that arrives
+// within a poll before any count reaches the others.
 
 // placementSlack is how much dearer, in predicted seconds, a backend may be
 // and still be where a replica places a session it has not seen: wider
