@@ -15,6 +15,7 @@
 package frontbench
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -91,6 +92,11 @@ type front struct {
 	url  string
 	pid  int    // 0 for direct
 	stop func() // nil for direct
+	// gc is set for a Go front whose /metrics counts its garbage
+	// collections (kvroute's): a cycle during a measurement charges the
+	// requests that allocate meanwhile, and one cycle or none can decide a
+	// p99 (docs/BENCHMARKS.md).
+	gc bool
 }
 
 // Result is one front at one concurrency: the medians over the rounds.
@@ -102,6 +108,10 @@ type Result struct {
 	// CPUPer10k is the front's CPU seconds per 10,000 events delivered; 0
 	// for direct.
 	CPUPer10k float64 `json:"cpu_s_per_10k_events"`
+	// GCCycles counts the front's garbage collections while the load ran,
+	// warm-up included (in a median row: over all rounds); -1 where the
+	// front does not report them.
+	GCCycles int `json:"gc_cycles"`
 }
 
 // Report is a whole run.
@@ -216,6 +226,7 @@ func measure(ctx context.Context, cfg Config, self string, f front, backends []s
 			return nil, err
 		}
 	}
+	gc0, gcErr := gcCycles(ctx, f)
 	lg, err := startChild(ctx, "load generator", cfg.LoadCPU, self, "bench", "front", "--role", "load", "--load", string(spec))
 	if err != nil {
 		return nil, err
@@ -235,7 +246,52 @@ func measure(ctx context.Context, cfg Config, self string, f front, backends []s
 		}
 		r.CPUPer10k = (cpu1 - cpu0) / float64(r.Events) * 1e4
 	}
+	r.GCCycles = -1
+	if gc1, err := gcCycles(ctx, f); err == nil && gcErr == nil && gc0 >= 0 {
+		r.GCCycles = gc1 - gc0
+	}
 	return r, nil
+}
+
+// gcCycles returns the garbage collections f has made, from its /metrics
+// (the Go runtime's go_gc_duration_seconds_count), or -1 for a front that
+// does not report them.
+func gcCycles(ctx context.Context, f front) (int, error) {
+	if !f.gc {
+		return -1, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, f.url+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("%s/metrics: status %d", f.url, res.StatusCode)
+	}
+	return gcCount(res.Body)
+}
+
+// gcCount reads go_gc_duration_seconds_count from a Prometheus text
+// exposition.
+func gcCount(r io.Reader) (int, error) {
+	const name = "go_gc_duration_seconds_count "
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name); ok {
+			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return int(n), err
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, errors.New("no " + strings.TrimSpace(name) + " in /metrics")
 }
 
 // startFronts starts the fronts cfg names (all by default), each on
@@ -338,7 +394,7 @@ func startKVRoute(ctx context.Context, cfg Config, name, bin, policy string, bac
 		c.stop()
 		return front{}, fmt.Errorf("%w%s", err, c.stderr())
 	}
-	return front{name: name, url: url, pid: c.cmd.Process.Pid, stop: c.stop}, nil
+	return front{name: name, url: url, pid: c.cmd.Process.Pid, stop: c.stop, gc: true}, nil
 }
 
 func freePort() (string, error) {
@@ -390,11 +446,16 @@ func medianResult(rs []Result) Result {
 	out.Delay.P50 = med(func(r *Result) float64 { return r.Delay.P50 })
 	out.Delay.P99 = med(func(r *Result) float64 { return r.Delay.P99 })
 	out.CPUPer10k = med(func(r *Result) float64 { return r.CPUPer10k })
-	out.Events, out.Errors, out.Measured = 0, 0, 0
+	out.Events, out.Errors, out.Measured, out.GCCycles = 0, 0, 0, 0
 	for _, r := range rs {
 		out.Events += r.Events
 		out.Errors += r.Errors
 		out.Measured += r.Measured
+		if r.GCCycles < 0 || out.GCCycles < 0 {
+			out.GCCycles = -1 // not reported in some round
+		} else {
+			out.GCCycles += r.GCCycles
+		}
 	}
 	return out
 }
@@ -426,7 +487,7 @@ func WriteTable(w io.Writer, rep *Report) {
 			tw.Flush()
 			streams, direct = r.Streams, nil
 			fmt.Fprintf(w, "\n%d streams, one event every %.0f ms each (%.0f events/s in all)\n\n", r.Streams, r.GapMS, float64(r.Streams)/r.GapMS*1000)
-			fmt.Fprintln(tw, "front\tTTFT p50 ms\tTTFT p99 ms\tadded p50 ms\tadded p99 ms\tchunk gap p99 ms\tevent delay p99 ms\tCPU s / 10k events\tstreams measured\terrors")
+			fmt.Fprintln(tw, "front\tTTFT p50 ms\tTTFT p99 ms\tadded p50 ms\tadded p99 ms\tchunk gap p99 ms\tevent delay p99 ms\tCPU s / 10k events\tGC cycles (all rounds)\tstreams measured\terrors")
 		}
 		if r.Front == frontDirect {
 			direct = r
@@ -441,9 +502,13 @@ func WriteTable(w io.Writer, rep *Report) {
 		if r.Front != frontDirect {
 			cpu = fmt.Sprintf("%.3f", r.CPUPer10k)
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%s\t%s\t%.2f\t%.2f\t%s\t%d\t%d\n", r.Front, r.TTFT.P50, r.TTFT.P99,
+		gc := "–"
+		if r.GCCycles >= 0 {
+			gc = strconv.Itoa(r.GCCycles)
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%d\t%d\n", r.Front, r.TTFT.P50, r.TTFT.P99,
 			added(func(r *Result) float64 { return r.TTFT.P50 }), added(func(r *Result) float64 { return r.TTFT.P99 }),
-			r.ChunkGap.P99, r.Delay.P99, cpu, r.Measured, r.Errors)
+			r.ChunkGap.P99, r.Delay.P99, cpu, gc, r.Measured, r.Errors)
 	}
 	tw.Flush()
 }

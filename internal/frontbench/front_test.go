@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -66,5 +67,18 @@ func TestGapFor(t *testing.T) {
 		if got := cfg.gapFor(tc.streams); got != tc.want {
 			t.Errorf("gapFor(%d) = %v, want %v", tc.streams, got, tc.want)
 		}
+	}
+}
+
+// gcCount reads the Go runtime's collections from a front's /metrics; a
+// page without them is an error, not zero.
+func TestGCCount(t *testing.T) {
+	page := "# HELP go_gc_duration_seconds A summary.\n# TYPE go_gc_duration_seconds summary\n" +
+		"go_gc_duration_seconds{quantile=\"0\"} 5.1e-05\ngo_gc_duration_seconds_sum 0.0006\ngo_gc_duration_seconds_count 17\ngo_goroutines 24\n"
+	if n, err := gcCount(strings.NewReader(page)); err != nil || n != 17 {
+		t.Errorf("gcCount = %d, %v; want 17", n, err)
+	}
+	if n, err := gcCount(strings.NewReader("go_goroutines 24\n")); err == nil {
+		t.Errorf("gcCount of a page without the count = %d, want an error", n)
 	}
 }

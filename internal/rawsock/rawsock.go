@@ -22,6 +22,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"unsafe"
 )
@@ -31,6 +32,22 @@ import (
 type Conn struct {
 	net.Conn
 	raw syscall.RawConn
+	// rd and wr carry a read's and a write's buffer and results to and
+	// from the callback RawConn runs, made once per connection: a closure
+	// over the call's locals escapes through RawConn's interface, and took
+	// two allocations per call, one call per streamed event.
+	rd, wr op
+}
+
+// op is one direction's call: its buffer, what the callback did with it,
+// and the callback. mu makes it one call at a time, as the socket's own
+// read or write lock inside RawConn would.
+type op struct {
+	mu    sync.Mutex
+	p     []byte
+	n     int
+	errno syscall.Errno
+	fn    func(fd uintptr) bool
 }
 
 // Wrap returns c as a Conn if it is a socket (it implements syscall.Conn),
@@ -44,7 +61,9 @@ func Wrap(c net.Conn) net.Conn {
 	if err != nil {
 		return c
 	}
-	return &Conn{Conn: c, raw: raw}
+	rc := &Conn{Conn: c, raw: raw}
+	rc.rd.fn, rc.wr.fn = rc.rd.read, rc.wr.write
+	return rc
 }
 
 // SyscallConn returns the socket's raw connection.
@@ -56,24 +75,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	n := 0
-	var errno syscall.Errno
-	err := c.raw.Read(func(fd uintptr) bool {
-		for {
-			m, e := ReadFD(fd, p)
-			switch e {
-			case 0:
-				n = m
-				return true
-			case syscall.EINTR:
-			case syscall.EAGAIN:
-				return false
-			default:
-				errno = e
-				return true
-			}
-		}
-	})
+	n, errno, err := c.rd.call(c.raw.Read, p)
 	switch {
 	case err != nil:
 		return 0, c.opError("read", err)
@@ -87,24 +89,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 
 // Write writes p whole as net.Conn's Write does, waiting for room.
 func (c *Conn) Write(p []byte) (int, error) {
-	n := 0
-	var errno syscall.Errno
-	err := c.raw.Write(func(fd uintptr) bool {
-		for n < len(p) {
-			m, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[n])), uintptr(len(p)-n))
-			switch e {
-			case 0:
-				n += int(m)
-			case syscall.EINTR:
-			case syscall.EAGAIN:
-				return false
-			default:
-				errno = e
-				return true
-			}
-		}
-		return true
-	})
+	n, errno, err := c.wr.call(c.raw.Write, p)
 	switch {
 	case err != nil:
 		return n, c.opError("write", err)
@@ -112,6 +97,55 @@ func (c *Conn) Write(p []byte) (int, error) {
 		return n, c.opError("write", os.NewSyscallError("write", errno))
 	}
 	return n, nil
+}
+
+// call runs o's callback on p through run (the raw connection's Read or
+// Write) and returns what it did.
+func (o *op) call(run func(func(uintptr) bool) error, p []byte) (int, syscall.Errno, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.p, o.n, o.errno = p, 0, 0
+	err := run(o.fn)
+	o.p = nil // the caller's buffer is not ours to keep
+	return o.n, o.errno, err
+}
+
+// read is the read's callback: one read of the socket into p; false (wait
+// in the poller) when there is nothing to read.
+func (o *op) read(fd uintptr) bool {
+	for {
+		m, e := ReadFD(fd, o.p)
+		switch e {
+		case 0:
+			o.n = m
+			return true
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			o.errno = e
+			return true
+		}
+	}
+}
+
+// write is the write's callback: writes of p until it is all out; false
+// (wait in the poller) when the socket has no room for the rest.
+func (o *op) write(fd uintptr) bool {
+	for o.n < len(o.p) {
+		m, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&o.p[o.n])), uintptr(len(o.p)-o.n))
+		switch e {
+		case 0:
+			o.n += int(m)
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			o.errno = e
+			return true
+		}
+	}
+	return true
 }
 
 // opError wraps err as net.Conn's errors are: a *net.OpError for op, so
