@@ -88,8 +88,10 @@ func TestDeadlines(t *testing.T) {
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("write: err %v, want the deadline", err)
 	}
-	if n <= 0 || n >= 64<<20 {
-		t.Errorf("wrote %d bytes before the deadline, want some", n)
+	// How much was written depends on when the test got a CPU: all of it
+	// is impossible, since the peer reads nothing.
+	if n < 0 || n >= 64<<20 {
+		t.Errorf("wrote %d bytes before the deadline, want fewer than all", n)
 	}
 	var oe *net.OpError
 	if !errors.As(err, &oe) || oe.Op != "write" || !oe.Timeout() {
