@@ -38,12 +38,11 @@ func NewStdlibFront(backends []string) (http.Handler, error) {
 			pr.Out.Host = pr.In.Host
 			// The request is read whole before it is sent on, as kvroute
 			// reads it to route. Streamed from the client's connection,
-			// the transport's last read of it (for its end) can come
-			// after the response has begun, when the server has closed
-			// the body; the transport then closes the backend connection
-			// and the stream is cut ("use of closed network connection":
-			// one run in six of TestLoadThroughStdlibFront, 0 in 100
-			// read whole).
+			// one run in six of TestLoadThroughStdlibFront cut a stream:
+			// the transport closed the backend connection mid-response
+			// ("use of closed network connection"), likely when its last
+			// read of the request (for its end) came after the response
+			// had begun; read whole, none in 100 runs.
 			body, err := io.ReadAll(io.LimitReader(pr.In.Body, maxBody))
 			if err != nil {
 				// The transport fails on it, and the proxy answers 502.
