@@ -61,20 +61,10 @@ func TestGossipEachRequestSpreadsABurst(t *testing.T) {
 		}})
 	}
 	mostOnOne := func(each bool) int {
-		res, err := Run(context.Background(), Config{
+		return mostOnOneServer(t, Config{
 			Workload: w, Backends: servers, Routers: 4, Gossip: 100 * time.Millisecond, GossipEachRequest: each,
 			Profile: profile(t), Policies: []string{"kvroute"}, Seed: 1,
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		per := map[string]int{}
-		most := 0
-		for _, r := range res.Runs[0].Requests {
-			per[r.Backend]++
-			most = max(most, per[r.Backend])
-		}
-		return most
 	}
 	polled, each := mostOnOne(false), mostOnOne(true)
 	t.Logf("most prompts of the burst on one server: %d with counts polled, %d shared before every decision", polled, each)
@@ -104,20 +94,10 @@ func TestGossipPushSpreadsABurst(t *testing.T) {
 			Turns: []workload.Turn{{Blocks: blocks, BlockTokens: 512, Tokens: 16 * 512, MaxTokens: 50}}})
 	}
 	mostOnOne := func(routers int, gossip, push time.Duration, asOne bool) int {
-		res, err := Run(context.Background(), Config{
+		return mostOnOneServer(t, Config{
 			Workload: w, Backends: servers, Routers: routers, Gossip: gossip, GossipPush: push, PushAsReplica: !asOne,
 			KVEvents: true, Profile: profile(t), Policies: []string{"kvroute"}, Seed: 1,
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		per := map[string]int{}
-		most := 0
-		for _, r := range res.Runs[0].Requests {
-			per[r.Backend]++
-			most = max(most, per[r.Backend])
-		}
-		return most
 	}
 	one := mostOnOne(1, 0, 0, false)
 	polled := mostOnOne(4, 100*time.Millisecond, 0, false)
@@ -177,4 +157,20 @@ func TestGossipPushArrivesAfterTheDelay(t *testing.T) {
 	if own := s.replicas[f.replica].backends[server].PeerLoad(s.clock(), time.Hour); own == nil || own.Requests != 0 {
 		t.Errorf("the sender counts its own request among its peers': %+v", own)
 	}
+}
+
+// mostOnOneServer runs cfg and returns the most requests any server got.
+func mostOnOneServer(t *testing.T, cfg Config) int {
+	t.Helper()
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	per := map[string]int{}
+	most := 0
+	for _, r := range res.Runs[0].Requests {
+		per[r.Backend]++
+		most = max(most, per[r.Backend])
+	}
+	return most
 }
