@@ -177,9 +177,9 @@ func (p *KVRoute) asOne(now time.Time) bool {
 // docs/BENCHMARKS.md, Router replicas): at 500 ms, with the trace's
 // arrivals spread over their ticks, the TTFT p99 is one router's (5.83 s)
 // and replayed as instant bursts it is 6.55-6.84 s where deciding as one
-// router herds to 9.05-10.4 s; a hold of 2 s, longer than the bursts' gap,
-// lost a step of p99 to spread arrivals (6.00 s on seed 3) and gained none
-// on bursts; none at all, 6.95 s on bursts.
+// router herds to 9.05-10.4 s. A hold of 2 s, longer than the bursts' gap,
+// was level on bursts (6.51-6.68 s) but lost a step of p99 to spread
+// arrivals (6.00 s on seed 3); with no hold, bursts reached 6.95 s (seed 3).
 const burstHold = 500 * time.Millisecond
 
 // burstWatch tells a replica whether its picks come in a burst.
