@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +72,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the poller's metrics; nil means none.
 	Registerer prometheus.Registerer
+	// Pushed, when set, is told after every tick whether every peer's
+	// counts now come by its stream, none by a poll: a policy that takes
+	// pushed counts as all but exact must not take polled ones so
+	// (router.KVRouteConfig.PeersPushed).
+	Pushed *atomic.Bool
 }
 
 // Poller follows a replica's peers, by their streams or by polls, and
@@ -182,6 +188,9 @@ func (p *Poller) Run(ctx context.Context) error {
 		targets := p.targets(ctx)
 		if p.o.Push {
 			targets = p.supervise(ctx, targets)
+		}
+		if p.o.Pushed != nil {
+			p.o.Pushed.Store(p.o.Push && len(targets) == 0)
 		}
 		p.poll(ctx, targets)
 		select {

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,8 +109,10 @@ func TestPushReachesPeersAtOnce(t *testing.T) {
 	a := startReplica(t, "a", "127.0.0.1:0", true, fa, HubOptions{})
 	c := startReplica(t, "c", "127.0.0.1:0", true, fc, HubOptions{})
 	me := startReplica(t, "self", "127.0.0.1:0", true, self, HubOptions{})
-	p := follow(t, self, Options{Peers: []string{a.url, c.url, me.url}})
+	var pushed atomic.Bool
+	p := follow(t, self, Options{Peers: []string{a.url, c.url, me.url}, Pushed: &pushed})
 	waitFor(t, "both peers followed", func() bool { return testutil.ToFloat64(p.streaming) == 2 })
+	waitFor(t, "every peer's counts pushed", pushed.Load)
 	waitFor(t, "idle peers heard", func() bool { return peerRequests(self[0]) == 0 })
 
 	self[0].Start(1000, 1000) // its own: never comes back as a peer's
@@ -170,9 +173,12 @@ func TestPushFallsBackToPollOn404(t *testing.T) {
 	self, fold, fnew := replicaFleet(t), replicaFleet(t), replicaFleet(t)
 	old := startReplica(t, "old", "127.0.0.1:0", false, fold, HubOptions{})
 	nw := startReplica(t, "new", "127.0.0.1:0", true, fnew, HubOptions{})
-	p := follow(t, self, Options{Peers: []string{old.url, nw.url}, Interval: 20 * time.Millisecond})
+	pushed := new(atomic.Bool)
+	pushed.Store(true)
+	p := follow(t, self, Options{Peers: []string{old.url, nw.url}, Interval: 20 * time.Millisecond, Pushed: pushed})
 	fold[0].Start(100, 300)
 	waitFor(t, "the old replica's count, polled", func() bool { return peerRequests(self[0]) == 1 })
+	waitFor(t, "the counts said not all pushed", func() bool { return !pushed.Load() })
 	fnew[0].Start(1, 1)
 	waitFor(t, "the new replica's count, pushed", func() bool { return peerRequests(self[0]) == 2 })
 	if got := testutil.ToFloat64(p.polls.WithLabelValues("ok")); got < 1 {

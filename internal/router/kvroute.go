@@ -140,6 +140,10 @@ type KVRouteConfig struct {
 	// --peer-push, the simulator's --gossip-push): with the engines' KV
 	// events it then decides as one router, but in a burst (see asOne).
 	PeerPush time.Duration
+	// PeersPushed reports whether every other replica's counts come by
+	// push now, none by a poll (a peer too old to stream is polled); nil
+	// means they do whenever PeerPush is set.
+	PeersPushed func() bool
 	// PeerMaxAge is how old the other replicas' reported load may be and
 	// still count (default DefaultPeerMaxAge); past it, the replica scales
 	// its own counts instead.

@@ -156,7 +156,8 @@ func (q peerPrefill) wait(prefill func(tokens float64) float64) float64 {
 // only outside a burst: while two of its own picks come less than the push
 // delay apart, the others' picks of the same burst cannot have reached it,
 // and it decides as a replica until burstHold passes without another such
-// pair.
+// pair. While some peer is polled (KVRouteConfig.PeersPushed), its counts
+// are a poll old, and the replica decides as a replica too.
 func (p *KVRoute) asOne(now time.Time) bool {
 	switch {
 	case p.cfg.Replicas <= 1:
@@ -165,7 +166,7 @@ func (p *KVRoute) asOne(now time.Time) bool {
 		return false
 	case p.cfg.PeersExact:
 		return true
-	case p.cfg.PeerPush > 0:
+	case p.cfg.PeerPush > 0 && (p.cfg.PeersPushed == nil || p.cfg.PeersPushed()):
 		return !p.burst.pick(now.Sub(p.epoch), p.cfg.PeerPush)
 	}
 	return false

@@ -305,6 +305,12 @@ func TestPushedCountsDecideAsOneButInABurst(t *testing.T) {
 			t.Errorf("pick at +%v: as one router %v, want %v", step.at, got, step.want)
 		}
 	}
+	// While some peer is polled, its counts are a poll old: as a replica.
+	polled := NewKVRoute(nil, KVRouteConfig{Replicas: 4, Events: &heldBy{}, PeerPush: time.Millisecond,
+		PeersPushed: func() bool { return false }})
+	if polled.asOne(t0) {
+		t.Error("a peer polled: decides as one router")
+	}
 	// Without pushed counts a replica never decides as one router.
 	q := NewKVRoute(nil, KVRouteConfig{Replicas: 4, Events: &heldBy{}})
 	if q.asOne(t0) {

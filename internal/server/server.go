@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -124,6 +125,11 @@ type Server struct {
 func Start(ctx context.Context, cfg Config) (*Server, error) {
 	cfg = withDefaults(cfg)
 	log := cfg.Logger
+	// Whether every peer's counts come by push, as the poller last found.
+	pushed := new(atomic.Bool)
+	if cfg.Router.KVRoute.PeerPush > 0 {
+		cfg.Router.KVRoute.PeersPushed = pushed.Load
+	}
 	core, err := NewCore(ctx, CoreConfig{Backends: cfg.Backends, Discovery: cfg.Discovery, Fleet: cfg.Fleet,
 		Policy: cfg.Policy, Router: cfg.Router, KVEvents: cfg.KVEvents, Logger: log})
 	if err != nil {
@@ -188,7 +194,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		api = withPeerLoad(api, id, fl, s.hub)
 	}
 	if len(cfg.Peers.Peers) > 0 {
-		po.Logger, po.Registerer = log, px.Registerer()
+		po.Logger, po.Registerer, po.Pushed = log, px.Registerer(), pushed
 		poller := peers.NewPoller(id, fl.Backends, po)
 		s.goRun(func() error { return poller.Run(ctx) })
 	}
