@@ -38,15 +38,8 @@ func TestReplicasShareInFlightCounts(t *testing.T) {
 }
 
 func testReplicasShare(t *testing.T, push bool, interval time.Duration) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	e, err := emulator.New(emulator.Config{Seed: 1, TimeScale: 1, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go e.Run(ctx)
-	emu := httptest.NewServer(e)
-	defer emu.Close()
+	ctx := t.Context()
+	emu := startPeersEmulator(t)
 
 	start := func(metricsListen string, peerURLs ...string) *Server {
 		b, err := fleet.ParseBackend(0, "gpu0="+emu.URL)
@@ -123,15 +116,8 @@ func testReplicasShare(t *testing.T, push bool, interval time.Duration) {
 // waiting for its grace period: the stream is on its API listener (no
 // metrics listener), which Shutdown drains.
 func TestShutdownEndsPeerStreams(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	e, err := emulator.New(emulator.Config{Seed: 1, TimeScale: 1, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go e.Run(ctx)
-	emu := httptest.NewServer(e)
-	defer emu.Close()
+	ctx := t.Context()
+	emu := startPeersEmulator(t)
 	b, err := fleet.ParseBackend(0, "gpu0="+emu.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -165,4 +151,19 @@ func TestShutdownEndsPeerStreams(t *testing.T) {
 	case <-time.After(30 * time.Second): // a bound on a hang: the grace is an hour
 		t.Fatal("Shutdown waited on a peer's stream")
 	}
+}
+
+// startPeersEmulator serves one emulated backend until the test ends.
+func startPeersEmulator(t *testing.T) *httptest.Server {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	e, err := emulator.New(emulator.Config{Seed: 1, TimeScale: 1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	go e.Run(ctx)
+	emu := httptest.NewServer(e)
+	t.Cleanup(func() { emu.Close(); cancel() })
+	return emu
 }

@@ -50,16 +50,7 @@ func TestGossipShortensTheTail(t *testing.T) {
 // bursts (docs/BENCHMARKS.md, Router replicas).
 func TestGossipEachRequestSpreadsABurst(t *testing.T) {
 	const servers = 16
-	w := workload.Workload{Name: "burst"}
-	for i := range servers {
-		blocks := make([]uint64, 16)
-		for j := range blocks {
-			blocks[j] = uint64(i*100 + j + 1)
-		}
-		w.Sessions = append(w.Sessions, workload.Session{ID: fmt.Sprintf("s%d", i), Turns: []workload.Turn{
-			{Blocks: blocks, BlockTokens: 512, Tokens: 16 * 512, MaxTokens: 50},
-		}})
-	}
+	w := burst(servers, 0)
 	mostOnOne := func(each bool) int {
 		return mostOnOneServer(t, Config{
 			Workload: w, Backends: servers, Routers: 4, Gossip: 100 * time.Millisecond, GossipEachRequest: each,
@@ -84,15 +75,7 @@ func TestGossipEachRequestSpreadsABurst(t *testing.T) {
 // as before.
 func TestGossipPushSpreadsABurst(t *testing.T) {
 	const servers = 16
-	w := workload.Workload{Name: "burst"}
-	for i := range servers {
-		blocks := make([]uint64, 16)
-		for j := range blocks {
-			blocks[j] = uint64(i*100 + j + 1)
-		}
-		w.Sessions = append(w.Sessions, workload.Session{ID: fmt.Sprintf("s%d", i), Start: time.Duration(i) * time.Millisecond,
-			Turns: []workload.Turn{{Blocks: blocks, BlockTokens: 512, Tokens: 16 * 512, MaxTokens: 50}}})
-	}
+	w := burst(servers, time.Millisecond)
 	mostOnOne := func(routers int, gossip, push time.Duration, asOne bool) int {
 		return mostOnOneServer(t, Config{
 			Workload: w, Backends: servers, Routers: routers, Gossip: gossip, GossipPush: push, PushAsReplica: !asOne,
@@ -173,4 +156,19 @@ func mostOnOneServer(t *testing.T, cfg Config) int {
 		most = max(most, per[r.Backend])
 	}
 	return most
+}
+
+// burst is n one-turn sessions of distinct 16-block prompts, the i-th
+// starting at i × every (0: all at one instant).
+func burst(n int, every time.Duration) workload.Workload {
+	w := workload.Workload{Name: "burst"}
+	for i := range n {
+		blocks := make([]uint64, 16)
+		for j := range blocks {
+			blocks[j] = uint64(i*100 + j + 1)
+		}
+		w.Sessions = append(w.Sessions, workload.Session{ID: fmt.Sprintf("s%d", i), Start: time.Duration(i) * every,
+			Turns: []workload.Turn{{Blocks: blocks, BlockTokens: 512, Tokens: 16 * 512, MaxTokens: 50}}})
+	}
+	return w
 }
