@@ -39,6 +39,9 @@ type Backend struct {
 	// onLoad, when set, is told of every change of the counts below
 	// (WatchLoad).
 	onLoad atomic.Pointer[func(*Backend)]
+	// onPeerLoad, when set, is told of every new peerLoad
+	// (WatchPeerLoad).
+	onPeerLoad atomic.Pointer[func(*Backend)]
 
 	// Router-side accounting, changed the moment a request is routed and
 	// released as it progresses (see Load).

@@ -47,4 +47,23 @@ func (b *Backend) PeerLoad(now time.Time, maxAge time.Duration) *PeerLoad {
 }
 
 // SetPeerLoad records the other replicas' reports; nil forgets them.
-func (b *Backend) SetPeerLoad(p *PeerLoad) { b.peerLoad.Store(p) }
+func (b *Backend) SetPeerLoad(p *PeerLoad) {
+	b.peerLoad.Store(p)
+	if fn := b.onPeerLoad.Load(); fn != nil {
+		(*fn)(b)
+	}
+}
+
+// WatchPeerLoad makes fn be called with b after every SetPeerLoad, on the
+// goroutine that called it; nil stops it. Pushed reports arrive one
+// backend at a time, so a router that keeps backends ordered by their
+// whole load must hear of each (kvroute's pruned pick). fn must be cheap
+// and must never call SetPeerLoad. One watcher per backend: a second call
+// replaces the first.
+func (b *Backend) WatchPeerLoad(fn func(*Backend)) {
+	if fn == nil {
+		b.onPeerLoad.Store(nil)
+		return
+	}
+	b.onPeerLoad.Store(&fn)
+}

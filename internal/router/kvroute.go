@@ -241,6 +241,7 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 	}
 	p.index = prefix.NewTiered(n, p.blocksFor(cfg.DefaultKVTokens), recentFactor*p.blocksFor(cfg.DefaultKVTokens))
 	p.learner.init(n)
+	p.prune.weighPeers(p, backends)
 	p.prune.setBackends(backends)
 	p.width.Store(int64(n))
 	p.scratch.New = func() any {
@@ -259,6 +260,7 @@ func (p *KVRoute) SetBackends(backends []*fleet.Backend) {
 		n = max(n, b.Index+1)
 	}
 	gone := p.learner.setBackends(backends)
+	p.prune.weighPeers(p, backends)
 	p.prune.setBackends(backends)
 	p.index.Grow(n)
 	for _, i := range gone {

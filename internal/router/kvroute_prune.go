@@ -68,7 +68,6 @@ func (p *KVRoute) match(s *pickScratch, req *Request, cands []*fleet.Backend) ([
 	}
 	pr := &p.prune
 	pr.mu.Lock()
-	pr.reweigh(p, cands)
 	at := pr.positions(req.Model, cands)
 	s.few = pr.least(s.few[:0], cands, at, p.cfg.PruneLeast)
 	if session >= 0 && !slices.Contains(s.few, session) && at.find(cands, int(session)) >= 0 {
@@ -113,10 +112,8 @@ type pruner struct {
 	pos map[string]*positions
 	// weigh, behind router replicas, is a backend's requests in flight
 	// with the other replicas' last reports (KVRoute.inFlight); nil: its
-	// own count. round is the report the order was last rebuilt at, and
-	// backends every tracked backend, by index, to rebuild it.
+	// own count. backends is every tracked backend, by index.
 	weigh    func(*fleet.Backend) int64
-	round    *fleet.PeerLoad
 	backends []*fleet.Backend
 }
 
@@ -128,30 +125,33 @@ func (pr *pruner) count(b *fleet.Backend) int64 {
 	return b.Load().Requests
 }
 
-// reweigh, behind replicas, orders the backends by their requests in
-// flight on the whole fleet, this replica's and the others' last reports,
-// rebuilding the order whenever a new round of reports came (the first
-// candidate's report changed: the pollers and the simulator's gossip
-// replace every backend's at once). Ordered by its own counts alone, a
-// replica's least loaded were often the others' busiest. Call with mu
-// held.
-func (pr *pruner) reweigh(p *KVRoute, cands []*fleet.Backend) {
-	if p.cfg.Replicas <= 1 || len(cands) == 0 {
+// weighPeers, behind router replicas, orders the backends by their
+// requests in flight on the whole fleet, this replica's and the others'
+// last reports, and has every backend tell the pruner of each new report
+// (peersReported). Ordered by its own counts alone, a replica's least
+// loaded were often the others' busiest; and pushed reports arrive one
+// backend at a time, so a backend whose count fell behind others' pushes
+// would keep its old bucket until a pick happened to route there.
+func (pr *pruner) weighPeers(p *KVRoute, backends []*fleet.Backend) {
+	if p.cfg.Replicas <= 1 {
 		return
 	}
-	if pr.weigh == nil {
-		pr.weigh = p.inFlight
+	pr.mu.Lock()
+	pr.weigh = p.inFlight
+	pr.mu.Unlock()
+	for _, b := range backends {
+		b.WatchPeerLoad(pr.peersReported)
 	}
-	round := cands[0].PeerLoad(p.cfg.Now(), p.cfg.PeerMaxAge)
-	if round == pr.round {
-		return
+}
+
+// peersReported re-reads b's requests in flight: the other replicas
+// reported theirs.
+func (pr *pruner) peersReported(b *fleet.Backend) {
+	pr.mu.Lock()
+	if i := b.Index; i < len(pr.backends) && pr.backends[i] == b && pr.key[i] >= 0 {
+		pr.track(i, pr.count(b))
 	}
-	pr.round = round
-	for i, b := range pr.backends {
-		if b != nil && i < len(pr.key) && pr.key[i] >= 0 {
-			pr.track(i, pr.count(b))
-		}
-	}
+	pr.mu.Unlock()
 }
 
 // maxBucket bounds the buckets: more requests than that on one backend

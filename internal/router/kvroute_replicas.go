@@ -83,7 +83,7 @@ func (p *KVRoute) load(b *fleet.Backend, now time.Time) (l fleet.Load, peer peer
 // fleetInFlight returns the requests in flight on the whole fleet, for
 // the load bound of a pruned pick, given counted, the pruner's sum: this
 // replica's own and, behind replicas, the others' last reports
-// (pruner.reweigh). For each replica that has not reported, it adds the
+// (pruner.weighPeers). For each replica that has not reported, it adds the
 // heard replicas' mean once more; with no reports at all, counted is this
 // replica's alone, scaled by the replicas. A full scan sums the same per
 // candidate (load).

@@ -89,7 +89,8 @@ func TestPlacementLeavesOutTheStream(t *testing.T) {
 }
 
 // A pruned pick orders the backends by their requests in flight with the
-// peers' reports, rebuilt at each round of reports, and its load bound
+// peers' reports, each backend reordered as its report arrives, whether a
+// round of polls replaces them all or a push just one, and its load bound
 // counts the fleet's as the pruner sums them, each silent replica standing
 // in as the heard ones' mean; with no reports, its own times the replicas.
 func TestPrunerWeighsPeers(t *testing.T) {
@@ -100,7 +101,6 @@ func TestPrunerWeighsPeers(t *testing.T) {
 	least := func() []int32 {
 		p.prune.mu.Lock()
 		defer p.prune.mu.Unlock()
-		p.prune.reweigh(p, bs)
 		return p.prune.least(nil, bs, p.prune.positions("", bs), 1)
 	}
 	if got := least(); len(got) != 1 || got[0] == 1 {
@@ -131,6 +131,15 @@ func TestPrunerWeighsPeers(t *testing.T) {
 	report(0, 9, 0)
 	if got := least(); len(got) != 1 || got[0] == 1 {
 		t.Errorf("a new round, peers busy on b: least loaded %v, want a or c", got)
+	}
+	push := func(i int, requests int64) {
+		bs[i].SetPeerLoad(&fleet.PeerLoad{Load: fleet.Load{Requests: requests}, Peers: 2, At: now})
+	}
+	push(0, 6)
+	push(2, 8)
+	push(1, 0)
+	if got := least(); len(got) != 1 || got[0] != 1 {
+		t.Errorf("pushed: a 6, b own 1, c 8: least loaded %v, want b", got)
 	}
 }
 
