@@ -96,6 +96,8 @@ type KVRoute struct {
 	// burst tells a replica behind pushed counts that it is in a burst
 	// (kvroute_replicas.go).
 	burst burstWatch
+	// lanePos is each backend's place in the order lanes split (inLane).
+	lanePos atomic.Pointer[[]int32]
 }
 
 var _ FleetWatcher = (*KVRoute)(nil)
@@ -168,6 +170,9 @@ type KVRouteConfig struct {
 	// whole.
 	FullScan                 bool
 	PruneLeast, PruneHolders int
+	// Lanes names this replica and the other replicas it hears from, for
+	// the lanes a burst is split by (see inLane); nil: no lanes.
+	Lanes func() (self string, others []string)
 }
 
 func (c KVRouteConfig) withDefaults() KVRouteConfig {
@@ -242,6 +247,7 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 	p.index = prefix.NewTiered(n, p.blocksFor(cfg.DefaultKVTokens), recentFactor*p.blocksFor(cfg.DefaultKVTokens))
 	p.learner.init(n)
 	p.prune.setBackends(backends)
+	p.setLanes(backends)
 	p.width.Store(int64(n))
 	p.scratch.New = func() any {
 		n := p.width.Load()
@@ -260,6 +266,7 @@ func (p *KVRoute) SetBackends(backends []*fleet.Backend) {
 	}
 	gone := p.learner.setBackends(backends)
 	p.prune.setBackends(backends)
+	p.setLanes(backends)
 	p.index.Grow(n)
 	for _, i := range gone {
 		p.index.Clear(i)
@@ -321,6 +328,7 @@ type pickScratch struct {
 	tpot    []float64        // the stream's per-token time, by candidate (goodput)
 	pushed  []float64        // streams pushed over the objective, by candidate (goodput)
 	one     bool             // this pick decides as one router (asOne)
+	lane    laneScratch      // a burst's pick within this replica's lane
 	few     []int32          // a pruned pick's backends, by index
 	sub     []*fleet.Backend // and as candidates
 }
@@ -357,7 +365,8 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	s.peer = slices.Grow(s.peer[:0], len(cands))[:len(cands)]
 	loads := s.loads
 	now := p.cfg.Now()
-	s.one = p.asOne(now)
+	var lanes bool
+	s.one, lanes = p.mode(now)
 	for i, b := range cands {
 		loads[i], s.peer[i] = p.load(b, now)
 		total += loads[i].Requests
@@ -401,7 +410,15 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 			}
 		}
 	} else {
-		best = p.breakTie(cand, cands, best, floor, floorTTFT, session, hasSession, p.placementKey(req, s.hashes, s.one))
+		key := p.placementKey(req, s.hashes, s.one)
+		decide := func(cand []candidate, cands []*fleet.Backend, best int) int {
+			return p.breakTie(cand, cands, best, floor, floorTTFT, session, hasSession, key)
+		}
+		if lanes {
+			best = p.inLane(s, cand, cands, best, decide)
+		} else {
+			best = decide(cand, cands, best)
+		}
 	}
 	chosen := cands[best]
 	// The router counts the request's prefill, and the queue model adds it,
