@@ -170,8 +170,9 @@ type KVRouteConfig struct {
 	// whole.
 	FullScan                 bool
 	PruneLeast, PruneHolders int
-	// Lanes names this replica and the other replicas it hears from, for
-	// the lanes a burst is split by (see inLane); nil: no lanes.
+	// Lanes names this replica and the other replicas it hears from now,
+	// for the lanes a burst behind pushed counts is split by (see inLane;
+	// kvroute serve's peers.Poller.Replicas); nil: no lanes.
 	Lanes func() (self string, others []string)
 }
 

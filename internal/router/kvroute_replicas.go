@@ -43,7 +43,8 @@ import (
 // With the engines' KV events and the others' counts exact at every pick
 // (KVRouteConfig.PeersExact), or pushed to it as they change
 // (KVRouteConfig.PeerPush) outside a burst, the last two are not needed:
-// it adds the others' counts and decides as one router (asOne). Behind
+// it adds the others' counts and decides as one router (asOne); in a burst
+// behind pushed counts it keeps to a lane of the backends (inLane). Behind
 // counts a poll old they are, since replicas route a burst that arrives
 // within a poll before any count reaches the others.
 
@@ -159,7 +160,8 @@ func (q peerPrefill) wait(prefill func(tokens float64) float64) float64 {
 // only outside a burst: while two of its own picks come less than the push
 // delay apart, the others' picks of the same burst cannot have reached it,
 // and it decides as a replica until burstHold passes without another such
-// pair. While some peer is polled (KVRouteConfig.PeersPushed), its counts
+// pair, keeping to its lane given KVRouteConfig.Lanes (inLane). While some
+// peer is polled (KVRouteConfig.PeersPushed), its counts
 // are a poll old, and the replica decides as a replica too.
 func (p *KVRoute) asOne(now time.Time) bool {
 	one, _ := p.mode(now)
@@ -200,10 +202,10 @@ func (p *KVRoute) mode(now time.Time) (one, lanes bool) {
 // the TTFT p99 fell from 6.55-6.84 s to 6.02-6.35 s (one router: 6.01 s),
 // with 11.4-11.5 % of the prompt tokens cached (one router 12.3-12.4 %).
 // Lanes by rendezvous hashing of each server over the replicas' names,
-// uneven (4 to 13 servers of 64), reached 7.02 s on seed 1; no lanes, but
-// copies of the request placed greedily over as many slots as replicas
-// and one taken at random, 7.08 s: spreading at random sends more long
-// prompts to one server, not fewer.
+// uneven (about 8 ± 3 servers of 64 each), reached 7.02 s on seed 1; no
+// lanes, but copies of the request placed greedily over as many slots as
+// replicas and one taken at random, 7.08 s: spreading at random sends
+// more long prompts to one server, not fewer.
 //
 // A replica cannot tell the first pick of a burst from a lone one, so
 // where most of its picks come in bursts (burstyShare), it keeps every
@@ -217,15 +219,17 @@ func (p *KVRoute) mode(now time.Time) (one, lanes bool) {
 // Poisson arrivals stay far below it until a replica's picks come about
 // as fast as the push (a share of 0.5 at 350 a second with the 2 ms
 // default), a trace's bursts of one instant well above it. Keeping to the
-// lane only from a burst's second pick on, Mooncake's TTFT p99 was
-// 6.19-6.35 s (seeds 1-3) where from the first it was 5.91-6.20 s.
+// lane only from a burst's second pick on, Mooncake's TTFT p99 was 6.19 s
+// on seed 1 where from the first it was 5.91 s (laneShare a half).
 const burstyShare = 0.5
 
 // laneShare is how much more of the prompt than any server in the lane a
 // server outside it must hold to draw a burst's pick there. A half, as
 // placement asks (stickyShare), kept fewer prompts cached on Mooncake
 // (10.9-11.4 % against 11.4-11.5 %) for a TTFT p99 of 5.91-6.20 s
-// against 6.02-6.35 s.
+// against 6.02-6.35 s. Asking as well that the server outside save a
+// quarter of a second of prefill or more lost the cache (10.2 % on seed 3)
+// for 6.31 s.
 const laneShare = 0.25
 
 // laneScratch holds a pick's candidates within its lane.
