@@ -32,7 +32,8 @@ func (c *clock) now() time.Time { return c.t }
 // A replica polls two others over real HTTP: their counts are summed onto
 // its own backends, its own report (it is listed among its peers) is left
 // out, and a peer that stops answering stops counting once its report is
-// older than MaxAge.
+// older than MaxAge: it is no longer among the replicas heard either, by
+// whose names a burst's lanes are split.
 func TestPollSumsOtherReplicas(t *testing.T) {
 	self, a, b := replicaFleet(t), replicaFleet(t), replicaFleet(t)
 	a[0].Start(100, 300)
@@ -51,6 +52,9 @@ func TestPollSumsOtherReplicas(t *testing.T) {
 	p := NewPoller("self", func() []*fleet.Backend { return self },
 		Options{Peers: []string{sa.URL, sb.URL + "/", ss.URL}, MaxAge: time.Second, Now: c.now})
 	p.Poll(context.Background())
+	if got := strings.Join(p.Replicas(), ","); got != "a,b" {
+		t.Errorf("replicas heard %q, want a,b (not itself)", got)
+	}
 
 	got := self[0].PeerLoad(c.now(), time.Second)
 	if got == nil {
@@ -75,6 +79,9 @@ func TestPollSumsOtherReplicas(t *testing.T) {
 	got = self[1].PeerLoad(c.now(), time.Second)
 	if got == nil || got.Peers != 1 || got.Load != (fleet.Load{}) {
 		t.Errorf("after b's report aged out: %+v, want a alone, idle on backend 1", got)
+	}
+	if got := strings.Join(p.Replicas(), ","); got != "a" {
+		t.Errorf("replicas heard after b's report aged out %q, want a", got)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -320,6 +321,25 @@ func (p *Poller) applyAll() {
 		}
 		b.SetPeerLoad(&fleet.PeerLoad{Load: sum[b.URL.String()], Peers: peers, At: oldest})
 	}
+}
+
+// Replicas returns the names of the other replicas whose counts count now
+// (their reports' Replica), sorted. With this replica's own name they are
+// what a burst's lanes are split by (router.KVRouteConfig.Lanes), the
+// same for every replica that hears the same peers.
+func (p *Poller) Replicas() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.o.Now()
+	var ids []string
+	for _, h := range p.heard {
+		if (!h.live && now.Sub(h.at) > p.o.MaxAge) || h.report.Replica == p.id || h.report.Replica == "" || slices.Contains(ids, h.report.Replica) {
+			continue
+		}
+		ids = append(ids, h.report.Replica)
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // Validate checks the peers' syntax, for a clear error at start-up.

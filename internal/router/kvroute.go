@@ -96,6 +96,8 @@ type KVRoute struct {
 	// burst tells a replica behind pushed counts that it is in a burst
 	// (kvroute_replicas.go).
 	burst burstWatch
+	// lanePos is each backend's place in the order lanes split (inLane).
+	lanePos atomic.Pointer[[]int32]
 }
 
 var _ FleetWatcher = (*KVRoute)(nil)
@@ -168,6 +170,10 @@ type KVRouteConfig struct {
 	// whole.
 	FullScan                 bool
 	PruneLeast, PruneHolders int
+	// Lanes names this replica and the other replicas it hears from now,
+	// for the lanes a burst behind pushed counts is split by (see inLane;
+	// kvroute serve's peers.Poller.Replicas); nil: no lanes.
+	Lanes func() (self string, others []string)
 }
 
 func (c KVRouteConfig) withDefaults() KVRouteConfig {
@@ -243,6 +249,7 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 	p.learner.init(n)
 	p.prune.weighPeers(p, backends)
 	p.prune.setBackends(backends)
+	p.setLanes(backends)
 	p.width.Store(int64(n))
 	p.scratch.New = func() any {
 		n := p.width.Load()
@@ -262,6 +269,7 @@ func (p *KVRoute) SetBackends(backends []*fleet.Backend) {
 	gone := p.learner.setBackends(backends)
 	p.prune.weighPeers(p, backends)
 	p.prune.setBackends(backends)
+	p.setLanes(backends)
 	p.index.Grow(n)
 	for _, i := range gone {
 		p.index.Clear(i)
@@ -323,6 +331,7 @@ type pickScratch struct {
 	tpot    []float64        // the stream's per-token time, by candidate (goodput)
 	pushed  []float64        // streams pushed over the objective, by candidate (goodput)
 	one     bool             // this pick decides as one router (asOne)
+	lane    laneScratch      // a burst's pick within this replica's lane
 	few     []int32          // a pruned pick's backends, by index
 	sub     []*fleet.Backend // and as candidates
 }
@@ -359,7 +368,8 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	s.peer = slices.Grow(s.peer[:0], len(cands))[:len(cands)]
 	loads := s.loads
 	now := p.cfg.Now()
-	s.one = p.asOne(now)
+	var lanes bool
+	s.one, lanes = p.mode(now)
 	for i, b := range cands {
 		loads[i], s.peer[i] = p.load(b, now)
 		total += loads[i].Requests
@@ -403,7 +413,15 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 			}
 		}
 	} else {
-		best = p.breakTie(cand, cands, best, floor, floorTTFT, session, hasSession, p.placementKey(req, s.hashes, s.one))
+		key := p.placementKey(req, s.hashes, s.one)
+		decide := func(cand []candidate, cands []*fleet.Backend, best int) int {
+			return p.breakTie(cand, cands, best, floor, floorTTFT, session, hasSession, key)
+		}
+		if lanes {
+			best = p.inLane(s, cand, cands, best, decide)
+		} else {
+			best = decide(cand, cands, best)
+		}
 	}
 	chosen := cands[best]
 	// The router counts the request's prefill, and the queue model adds it,

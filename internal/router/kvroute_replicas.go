@@ -1,6 +1,9 @@
 package router
 
 import (
+	"cmp"
+	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,7 +43,8 @@ import (
 // With the engines' KV events and the others' counts exact at every pick
 // (KVRouteConfig.PeersExact), or pushed to it as they change
 // (KVRouteConfig.PeerPush) outside a burst, the last two are not needed:
-// it adds the others' counts and decides as one router (asOne). Behind
+// it adds the others' counts and decides as one router (asOne); in a burst
+// behind pushed counts it keeps to a lane of the backends (inLane). Behind
 // counts a poll old they are, since replicas route a burst that arrives
 // within a poll before any count reaches the others.
 
@@ -156,24 +160,167 @@ func (q peerPrefill) wait(prefill func(tokens float64) float64) float64 {
 // only outside a burst: while two of its own picks come less than the push
 // delay apart, the others' picks of the same burst cannot have reached it,
 // and it decides as a replica until burstHold passes without another such
-// pair. While some peer is polled (KVRouteConfig.PeersPushed), its counts
+// pair, keeping to its lane given KVRouteConfig.Lanes (inLane). While some
+// peer is polled (KVRouteConfig.PeersPushed), its counts
 // are a poll old, and the replica decides as a replica too.
 func (p *KVRoute) asOne(now time.Time) bool {
+	one, _ := p.mode(now)
+	return one
+}
+
+// mode reports whether this pick decides as one router (see asOne) and
+// whether it keeps to this replica's lane (see inLane).
+func (p *KVRoute) mode(now time.Time) (one, lanes bool) {
 	switch {
 	case p.cfg.Replicas <= 1:
-		return true
+		return true, false
 	case p.cfg.Events == nil:
-		return false
+		return false, false
 	case p.cfg.PeersExact:
-		return true
+		return true, false
 	case p.cfg.PeerPush > 0 && (p.cfg.PeersPushed == nil || p.cfg.PeersPushed()):
-		return !p.burst.pick(now.Sub(p.epoch), p.cfg.PeerPush)
+		in, share := p.burst.pick(now.Sub(p.epoch), p.cfg.PeerPush)
+		lanes = p.cfg.Lanes != nil && (in || share > burstyShare)
+		return !in && !lanes, lanes
 	}
-	return false
+	return false, false
+}
+
+// A burst's picks split by lanes. Behind pushed counts the replicas see
+// the same fleet when a burst arrives (the counts are exact but for the
+// push delay), and each routes its share of the burst before any of the
+// others' picks reach it: deciding alike, they send the burst's long
+// prompts to the same few servers, which one router would have spread,
+// and short prompts behind them. So in a burst each keeps to a lane of its
+// own: the servers whose place in the order of their addresses (setLanes)
+// is, modulo the replicas, its place among the replicas' names
+// (KVRouteConfig.Lanes). No other replica places a new prompt there in the
+// burst, and within its lane it knows every pick. Only a server holding a
+// good part of the prompt more than any in its lane (laneShare) draws a
+// prompt out of it. On Mooncake, 64 servers, 8 replicas, the trace's
+// ticks replayed at one instant (docs/BENCHMARKS.md, Router replicas),
+// the TTFT p99 fell from 6.55-6.84 s to 6.02-6.35 s (one router: 6.01 s),
+// with 11.4-11.5 % of the prompt tokens cached (one router 12.3-12.4 %).
+// Lanes by rendezvous hashing of each server over the replicas' names,
+// uneven (about 8 ± 3 servers of 64 each), reached 7.02 s on seed 1; no
+// lanes, but copies of the request placed greedily over as many slots as
+// replicas and one taken at random, 7.08 s: spreading at random sends
+// more long prompts to one server, not fewer.
+//
+// A replica cannot tell the first pick of a burst from a lone one, so
+// where most of its picks come in bursts (burstyShare), it keeps every
+// pick to its lane. Within its lane it decides as a replica: as one router
+// there (the delay to others priced, the whole cost) it kept more of the
+// cache (12.1-12.5 %) and a shorter end-to-end tail (25.5-26.3 s against
+// 31.3-32.6 s), but a longer TTFT tail (6.28-6.55 s).
+
+// burstyShare is the share of a replica's picks coming within the push
+// delay of its previous one above which it keeps every pick to its lane:
+// Poisson arrivals stay far below it until a replica's picks come about
+// as fast as the push (a share of 0.5 at 350 a second with the 2 ms
+// default), a trace's bursts of one instant well above it. Keeping to the
+// lane only from a burst's second pick on, Mooncake's TTFT p99 was 6.19 s
+// on seed 1 where from the first it was 5.91 s (laneShare a half).
+const burstyShare = 0.5
+
+// laneShare is how much more of the prompt than any server in the lane a
+// server outside it must hold to draw a burst's pick there. A half, as
+// placement asks (stickyShare), kept fewer prompts cached on Mooncake
+// (10.9-11.4 % against 11.4-11.5 %) for a TTFT p99 of 5.91-6.20 s
+// against 6.02-6.35 s. Asking as well that the server outside save a
+// quarter of a second of prefill or more lost the cache (10.2 % on seed 3)
+// for 6.31 s.
+const laneShare = 0.25
+
+// laneScratch holds a pick's candidates within its lane.
+type laneScratch struct {
+	idx   []int
+	cand  []candidate
+	cands []*fleet.Backend
+}
+
+// inLane decides a burst's pick (decide: the tie-break of a pick over
+// cand, given its cheapest) among the candidates in this replica's lane
+// and those outside it holding laneShare of the prompt more than any in
+// it; among all when it has no lane (no other replica heard) or no
+// candidate in it.
+func (p *KVRoute) inLane(s *pickScratch, cand []candidate, cands []*fleet.Backend, best int, decide func([]candidate, []*fleet.Backend, int) int) int {
+	self, others := p.cfg.Lanes()
+	pos := p.lanePos.Load()
+	if len(others) == 0 || pos == nil {
+		return decide(cand, cands, best)
+	}
+	rank, lanes := 0, len(others)+1
+	for _, o := range others {
+		if o < self {
+			rank++
+		}
+	}
+	l := &s.lane
+	l.idx = l.idx[:0]
+	most := -1
+	for i, b := range cands {
+		if !math.IsInf(cand[i].cost, 1) && b.Index < len(*pos) && int((*pos)[b.Index])%lanes == rank {
+			l.idx = append(l.idx, i)
+			most = max(most, cand[i].cached)
+		}
+	}
+	if most < 0 {
+		return decide(cand, cands, best)
+	}
+	prompt := float64(cand[best].cached) + cand[best].miss
+	for i := range cand {
+		if !math.IsInf(cand[i].cost, 1) && cand[i].cached > most && float64(cand[i].cached-most) >= laneShare*prompt {
+			l.idx = append(l.idx, i)
+		}
+	}
+	l.cand, l.cands = l.cand[:0], l.cands[:0]
+	cheapest := 0
+	for k, i := range l.idx {
+		l.cand = append(l.cand, cand[i])
+		l.cands = append(l.cands, cands[i])
+		if cand[i].cost < l.cand[cheapest].cost {
+			cheapest = k
+		}
+	}
+	return l.idx[decide(l.cand, l.cands, cheapest)]
+}
+
+// setLanes numbers the backends in the order of their addresses' hashes
+// (backendKey): the same for every replica routing to the same backends.
+func (p *KVRoute) setLanes(backends []*fleet.Backend) {
+	n := 0
+	for _, b := range backends {
+		n = max(n, b.Index+1)
+	}
+	type keyed struct {
+		key uint64
+		b   *fleet.Backend
+	}
+	order := make([]keyed, 0, len(backends))
+	for _, b := range backends {
+		order = append(order, keyed{backendKey(b), b})
+	}
+	slices.SortFunc(order, func(x, y keyed) int { return cmp.Compare(x.key, y.key) })
+	pos := make([]int32, n)
+	for i, k := range order {
+		pos[k.b.Index] = int32(i)
+	}
+	p.lanePos.Store(&pos)
+}
+
+// backendKey names b alike for every replica: its address, else its name
+// (the simulator's servers have none).
+func backendKey(b *fleet.Backend) uint64 {
+	if b.URL != nil {
+		return xxhash.Sum64String(b.URL.String())
+	}
+	return xxhash.Sum64String(b.Name)
 }
 
 // burstHold is how long a replica behind pushed counts decides as a
-// replica after its picks last came faster than the push. Measured on
+// replica (in its lane, given Lanes) after its picks last came faster than
+// the push. Measured on
 // Mooncake (64 servers, 8 replicas, events, push 0.5 ms, seeds 1-3;
 // docs/BENCHMARKS.md, Router replicas): at 500 ms, with the trace's
 // arrivals spread over their ticks, the TTFT p99 is one router's (5.83 s)
@@ -187,15 +334,32 @@ const burstHold = 500 * time.Millisecond
 type burstWatch struct {
 	last  atomic.Int64 // the previous pick, ns since the policy's epoch (+1: 0 is none)
 	until atomic.Int64 // a burst lasts until then, ns since the epoch
+	mu    sync.Mutex
+	share float64 // the decayed share of picks within the delay of the previous one
 }
 
-// pick records a pick at at and reports whether it is in a burst.
-func (w *burstWatch) pick(at, delay time.Duration) bool {
+// shareDecay is the weight of one pick in burstWatch's share: about the
+// last sixty picks decide, so that a replica learns within its first few
+// bursts that its traffic comes in bursts.
+const shareDecay = 1.0 / 64
+
+// pick records a pick at at and reports whether it is in a burst, and
+// the share of picks lately that were.
+func (w *burstWatch) pick(at, delay time.Duration) (bool, float64) {
 	prev := w.last.Swap(int64(at) + 1)
-	if prev != 0 && int64(at)+1-prev < int64(delay) {
+	near := prev != 0 && int64(at)+1-prev < int64(delay)
+	if near {
 		w.until.Store(int64(at + burstHold))
 	}
-	return int64(at) < w.until.Load()
+	w.mu.Lock()
+	hit := 0.0
+	if near {
+		hit = 1
+	}
+	w.share += shareDecay * (hit - w.share)
+	share := w.share
+	w.mu.Unlock()
+	return int64(at) < w.until.Load(), share
 }
 
 // placementKey is what replicas agree on for req: its session key, else its

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -324,5 +326,95 @@ func TestPushedCountsDecideAsOneButInABurst(t *testing.T) {
 	q := NewKVRoute(nil, KVRouteConfig{Replicas: 4, Events: &heldBy{}})
 	if q.asOne(t0) {
 		t.Error("counts neither exact nor pushed: decides as one router")
+	}
+}
+
+// In a burst behind pushed counts, each replica keeps its picks to a lane
+// of its own, the servers whose place in the order of their addresses is,
+// modulo the replicas, its place among their names: two replicas routing
+// a burst at one instant, each unaware of the other's picks, share no
+// server. Only a server holding much more of a prompt than any in the
+// lane draws it out.
+func TestBurstKeepsToItsLane(t *testing.T) {
+	now := time.Unix(100, 0)
+	clock := func() time.Time { return now }
+	held := strings.Repeat("held ", 800)
+	route := func(self, other string, holder int) (lane, picked []int) {
+		var bs []*fleet.Backend
+		for i := range 8 {
+			bs = append(bs, fleet.NewBackend(i, fmt.Sprintf("gpu%d", i), nil))
+		}
+		p := NewKVRoute(bs, KVRouteConfig{Replicas: 2, Now: clock, PeerPush: time.Millisecond, Seed: 1,
+			Events: &heldBy{prompt: held, backend: holder},
+			Lanes:  func() (string, []string) { return self, []string{other} }})
+		rank := 0
+		if other < self {
+			rank = 1
+		}
+		for _, b := range bs {
+			if int((*p.lanePos.Load())[b.Index])%2 == rank {
+				lane = append(lane, b.Index)
+			}
+		}
+		for i := range 6 {
+			d, err := p.Pick(&Request{Prompt: strings.Repeat("word ", 300*(1+i%3)) + fmt.Sprint(i), SessionKey: self + fmt.Sprint(i), MaxTokens: 50}, bs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			picked = append(picked, d.Backend.Index)
+		}
+		d, err := p.Pick(&Request{Prompt: held, SessionKey: self + "held", MaxTokens: 50}, bs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lane, append(picked, d.Backend.Index)
+	}
+	laneA, _ := route("a", "b", 0)
+	holder := slices.IndexFunc([]int{0, 1, 2, 3, 4, 5, 6, 7}, func(i int) bool { return !slices.Contains(laneA, i) })
+	laneA, a := route("a", "b", holder)
+	laneB, b := route("b", "a", holder)
+	t.Logf("lanes %v and %v; picks %v and %v; the held prompt on %d", laneA, laneB, a, b, holder)
+	if len(laneA) != 4 || len(laneB) != 4 || slices.ContainsFunc(laneA, func(i int) bool { return slices.Contains(laneB, i) }) {
+		t.Fatalf("lanes %v and %v: want two halves", laneA, laneB)
+	}
+	// The first pick of all is a lone one, as one router decides.
+	for i, x := range a[1:6] {
+		if !slices.Contains(laneA, x) {
+			t.Errorf("replica a's pick %d of the burst on %d, outside its lane %v", i+1, x, laneA)
+		}
+	}
+	for i, x := range b[1:6] {
+		if !slices.Contains(laneB, x) {
+			t.Errorf("replica b's pick %d of the burst on %d, outside its lane %v", i+1, x, laneB)
+		}
+	}
+	if a[6] != holder {
+		t.Errorf("replica a sent the prompt that %d holds to %d", holder, a[6])
+	}
+}
+
+// A replica cannot tell a burst's first pick from a lone one; once most
+// of its picks come in bursts it keeps every pick to its lane, and a
+// replica whose picks come one at a time never does.
+func TestBurstyTrafficKeepsToTheLane(t *testing.T) {
+	lanes := func() (string, []string) { return "a", []string{"b"} }
+	p := NewKVRoute(nil, KVRouteConfig{Replicas: 2, Events: &heldBy{}, PeerPush: time.Millisecond, Lanes: lanes})
+	at := p.epoch.Add(time.Minute)
+	for range 40 { // bursts of four picks at one instant, a second apart
+		for range 4 {
+			p.mode(at)
+		}
+		at = at.Add(time.Second)
+	}
+	if one, lane := p.mode(at); one || !lane {
+		t.Errorf("a burst's first pick after forty bursts: as one router %v, in its lane %v; want in its lane", one, lane)
+	}
+	q := NewKVRoute(nil, KVRouteConfig{Replicas: 2, Events: &heldBy{}, PeerPush: time.Millisecond, Lanes: lanes})
+	at = q.epoch.Add(time.Minute)
+	for range 160 {
+		at = at.Add(10 * time.Millisecond)
+		if one, lane := q.mode(at); !one || lane {
+			t.Fatalf("picks 10 ms apart: as one router %v, in its lane %v; want as one router", one, lane)
+		}
 	}
 }

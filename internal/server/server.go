@@ -127,8 +127,17 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	log := cfg.Logger
 	// Whether every peer's counts come by push, as the poller last found.
 	pushed := new(atomic.Bool)
+	// The peers heard, for the lanes a burst is split by: set once the
+	// poller is (a replica with no peers has none).
+	id, poller := replicaID(), new(atomic.Pointer[peers.Poller])
 	if cfg.Router.KVRoute.PeerPush > 0 {
 		cfg.Router.KVRoute.PeersPushed = pushed.Load
+		cfg.Router.KVRoute.Lanes = func() (string, []string) {
+			if p := poller.Load(); p != nil {
+				return id, p.Replicas()
+			}
+			return id, nil
+		}
 	}
 	core, err := NewCore(ctx, CoreConfig{Backends: cfg.Backends, Discovery: cfg.Discovery, Fleet: cfg.Fleet,
 		Policy: cfg.Policy, Router: cfg.Router, KVEvents: cfg.KVEvents, Logger: log})
@@ -170,7 +179,6 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 	ctx, s.cancel = context.WithCancel(ctx)
 	core.Run(ctx, s.goRun)
-	id := replicaID()
 	var api, admin http.Handler = px, px.MetricsHandler()
 	po := cfg.Peers
 	if po.MaxAge <= 0 {
@@ -195,8 +203,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if len(cfg.Peers.Peers) > 0 {
 		po.Logger, po.Registerer, po.Pushed = log, px.Registerer(), pushed
-		poller := peers.NewPoller(id, fl.Backends, po)
-		s.goRun(func() error { return poller.Run(ctx) })
+		pl := peers.NewPoller(id, fl.Backends, po)
+		poller.Store(pl)
+		s.goRun(func() error { return pl.Run(ctx) })
 	}
 	s.api = &http.Server{Handler: api, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		ReadHeaderTimeout: max(cfg.ReadHeaderTimeout, 0), IdleTimeout: max(cfg.IdleTimeout, 0)}

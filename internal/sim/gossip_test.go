@@ -172,3 +172,54 @@ func burst(n int, every time.Duration) workload.Workload {
 	}
 	return w
 }
+
+// Bursts of prompts at one instant, split over four replicas behind
+// pushed counts with the engines' events: no count reaches another replica
+// within an instant, and each keeps its share to its own lane (a quarter
+// of the servers), so the bursts double up on fewer servers than as
+// replicas deciding alike (PushAsReplica).
+func TestGossipPushLanesBursts(t *testing.T) {
+	const servers, bursts = 16, 12
+	var w workload.Workload
+	for k := range bursts {
+		b := burst(servers, 0)
+		for i := range b.Sessions {
+			s := &b.Sessions[i]
+			s.ID = fmt.Sprintf("b%d-%s", k, s.ID)
+			s.Start = time.Duration(k) * time.Second
+			for j := range s.Turns[0].Blocks {
+				s.Turns[0].Blocks[j] += uint64(k) << 32
+			}
+		}
+		w.Sessions = append(w.Sessions, b.Sessions...)
+	}
+	w.Name = "bursts"
+	doubled := func(asReplica bool) int {
+		res, err := Run(context.Background(), Config{
+			Workload: w, Backends: servers, Routers: 4, GossipPush: 500 * time.Microsecond, PushAsReplica: asReplica,
+			KVEvents: true, Profile: profile(t), Policies: []string{"kvroute"}, Seed: 1,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		type at struct {
+			backend string
+			sent    time.Duration
+		}
+		seen := map[at]bool{}
+		n := 0
+		for _, r := range res.Runs[0].Requests {
+			k := at{r.Backend, r.Sent}
+			if seen[k] {
+				n++
+			}
+			seen[k] = true
+		}
+		return n
+	}
+	lanes, alike := doubled(false), doubled(true)
+	t.Logf("prompts sent to a server another of its burst went to: %d in lanes, %d as replicas", lanes, alike)
+	if lanes >= alike {
+		t.Errorf("in lanes %d prompts of a burst shared a server, as replicas %d: want fewer", lanes, alike)
+	}
+}

@@ -103,7 +103,8 @@ type Config struct {
 	// others' counts are never more than this old; a burst arriving at one
 	// instant is still routed before any count reaches the others.
 	// kvroute is told the push delay (KVRouteConfig.PeerPush), so that
-	// with KVEvents it decides as one router but in a burst, unless
+	// with KVEvents it decides as one router but in a burst (then as a
+	// replica keeping to its lane of the servers, inLane), unless
 	// PushAsReplica: then it decides as a replica behind polled counts
 	// does (kvroute_replicas.go). Measured both ways in docs/BENCHMARKS.md
 	// (Router replicas, pushed counts): on Mooncake's trace with its
@@ -392,6 +393,19 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		}
 		if s.kv != nil {
 			opts.KVRoute.Events = s.kv
+		}
+		if cfg.Routers > 1 {
+			// Every replica hears every other's name from the start, as a
+			// replica of kvroute serve does once it follows its peers'
+			// streams (peers.Poller.Replicas): the lanes a burst is split
+			// by behind pushed counts.
+			self, others := replicaName(r), []string{}
+			for o := range cfg.Routers {
+				if o != r {
+					others = append(others, replicaName(o))
+				}
+			}
+			opts.KVRoute.Lanes = func() (string, []string) { return self, others }
 		}
 		opts.KVRoute.SLO = router.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}
 		opts.KVRoute.Objective = cfg.Objective
@@ -749,3 +763,6 @@ func trimSamples(bs []results.BackendSeries, keep int) {
 		}
 	}
 }
+
+// replicaName is replica r's name, as kvroute serve's random one.
+func replicaName(r int) string { return fmt.Sprintf("replica-%d", r) }
