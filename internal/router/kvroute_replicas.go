@@ -334,8 +334,9 @@ const burstHold = 500 * time.Millisecond
 type burstWatch struct {
 	last  atomic.Int64 // the previous pick, ns since the policy's epoch (+1: 0 is none)
 	until atomic.Int64 // a burst lasts until then, ns since the epoch
-	mu    sync.Mutex
-	share float64 // the decayed share of picks within the delay of the previous one
+	// share is the decayed share of picks within the delay of the
+	// previous one, a float64's bits: no lock on the pick path.
+	share atomic.Uint64
 }
 
 // shareDecay is the weight of one pick in burstWatch's share: about the
@@ -351,15 +352,18 @@ func (w *burstWatch) pick(at, delay time.Duration) (bool, float64) {
 	if near {
 		w.until.Store(int64(at + burstHold))
 	}
-	w.mu.Lock()
 	hit := 0.0
 	if near {
 		hit = 1
 	}
-	w.share += shareDecay * (hit - w.share)
-	share := w.share
-	w.mu.Unlock()
-	return int64(at) < w.until.Load(), share
+	for {
+		old := w.share.Load()
+		share := math.Float64frombits(old)
+		share += shareDecay * (hit - share)
+		if w.share.CompareAndSwap(old, math.Float64bits(share)) {
+			return int64(at) < w.until.Load(), share
+		}
+	}
 }
 
 // placementKey is what replicas agree on for req: its session key, else its
