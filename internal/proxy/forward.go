@@ -238,13 +238,14 @@ func upstreamRequest(ctx context.Context, in *http.Request, b *fleet.Backend, bo
 	u.RawPath = ""
 	u.RawQuery = in.URL.RawQuery
 	u.Fragment = ""
-	var rd io.Reader
-	if len(body) > 0 {
-		rd = bytes.NewReader(body) // sets GetBody: the transport may resend it on a stale connection
-	}
-	out, _ := http.NewRequestWithContext(ctx, in.Method, "", rd) // "" parses; the method was valid on the way in
+	out, _ := http.NewRequestWithContext(ctx, in.Method, "", nil) // "" parses; the method was valid on the way in
 	out.URL = &u
 	out.Host = ""
+	if len(body) > 0 {
+		out.Body, out.ContentLength = newUpstreamBody(body), int64(len(body))
+		// The transport may resend it on a stale connection.
+		out.GetBody = func() (io.ReadCloser, error) { return newUpstreamBody(body), nil }
+	}
 
 	out.Header = in.Header.Clone()
 	removeHopHeaders(out.Header)
@@ -275,6 +276,18 @@ func upstreamRequest(ctx context.Context, in *http.Request, b *fleet.Backend, bo
 	}
 	return out
 }
+
+// upstreamBody is the body of a request to a backend: in memory, which the
+// lean path writes as it is (writeRequest).
+type upstreamBody struct{ bytes.Reader }
+
+func newUpstreamBody(b []byte) *upstreamBody {
+	u := new(upstreamBody)
+	u.Reset(b)
+	return u
+}
+
+func (*upstreamBody) Close() error { return nil }
 
 // joinPath puts the request path under the backend URL's path prefix.
 func joinPath(prefix, path string) string {
@@ -331,8 +344,8 @@ const (
 
 func (p *Proxy) setRouteHeaders(w http.ResponseWriter, d *router.Decision) {
 	h := w.Header()
-	h.Set(HeaderBackend, d.Backend.Name)
-	h.Set(HeaderRoute, d.Reason)
+	vv := []string{d.Backend.Name, d.Reason} // one allocation for both: never appended to
+	h[HeaderBackend], h[HeaderRoute] = vv[:1:1], vv[1:]
 	if p.explain && d.PredictedTTFT > 0 {
 		h.Set(HeaderPredictedCached, strconv.Itoa(d.Cached))
 		h.Set(HeaderPredictedTTFT, strconv.FormatFloat(float64(d.PredictedTTFT)/float64(time.Millisecond), 'f', 1, 64))

@@ -16,7 +16,6 @@
 package proxy
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -452,13 +451,12 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiEr
 	// deadline is lifted once the body is in (a response may stream for
 	// minutes), and kept when it is not: the connection is then closed
 	// after the answer rather than read on.
-	rc := http.NewResponseController(w)
-	deadline := p.res.BodyReadTimeout > 0 && rc.SetReadDeadline(time.Now().Add(p.res.BodyReadTimeout)) == nil
-	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, p.maxBody))
-	body := buf.Bytes()
+	deadline := p.res.BodyReadTimeout > 0 && setReadDeadline(w, time.Now().Add(p.res.BodyReadTimeout)) == nil
+	// A byte of room past the declared length reads the end without
+	// growing the buffer.
+	body, err := readAll(make([]byte, 0, size+1), http.MaxBytesReader(w, r.Body, p.maxBody))
 	if err == nil && deadline {
-		_ = rc.SetReadDeadline(time.Time{})
+		_ = setReadDeadline(w, time.Time{})
 	}
 	if err != nil {
 		w.Header().Set("Connection", "close")
@@ -472,6 +470,33 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiEr
 		return nil, badRequest("", "could not read request body: %v", err)
 	}
 	return body, nil
+}
+
+// readAll appends what r reads to b until r's end, growing b only when it
+// is full: io.ReadAll with the first buffer given.
+func readAll(b []byte, r io.Reader) ([]byte, error) {
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+}
+
+// setReadDeadline is http.ResponseController's, without its allocation when
+// w is net/http's own writer, as it is for every request without tracing.
+func setReadDeadline(w http.ResponseWriter, t time.Time) error {
+	if d, ok := w.(interface{ SetReadDeadline(time.Time) error }); ok {
+		return d.SetReadDeadline(t)
+	}
+	return http.NewResponseController(w).SetReadDeadline(t)
 }
 
 // candidates returns the healthy backends that serve model, appended to dst,
