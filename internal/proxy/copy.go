@@ -17,11 +17,13 @@ import (
 // finish records everything and finishes the ticket; the prefill part of
 // the load is released at the first token.
 type attempt struct {
-	p     *Proxy
-	c     *call
-	t     *router.Ticket
-	wd    *watchdog // &dog
-	start time.Time
+	p  *Proxy
+	c  *call
+	t  *router.Ticket
+	wd *watchdog // &dog
+	// cancel ends the attempt's upstream request, with its cause.
+	cancel context.CancelCauseFunc
+	start  time.Time
 	// The parts of the copy, allocated with the attempt rather than each
 	// on its own.
 	dog  watchdog
@@ -58,7 +60,10 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	// read fails at once), at the watchdog's deadlines, and at shutdown.
 	ctx, cancel := context.WithCancelCause(a.traceStart(r.Context())) // tracing.go: the attempt's span
 	defer cancel(nil)
-	defer context.AfterFunc(p.stopShard(), func() { cancel(errShutdown) })()
+	a.cancel = cancel
+	stop := p.stopShard()
+	stop.add(a)
+	defer stop.remove(a)
 	a.wd = &a.dog
 	a.dog.init(cancel)
 	defer a.wd.stop()

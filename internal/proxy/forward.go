@@ -238,9 +238,10 @@ func upstreamRequest(ctx context.Context, in *http.Request, b *fleet.Backend, bo
 	u.RawPath = ""
 	u.RawQuery = in.URL.RawQuery
 	u.Fragment = ""
-	out, _ := http.NewRequestWithContext(ctx, in.Method, "", nil) // "" parses; the method was valid on the way in
-	out.URL = &u
-	out.Host = ""
+	// As http.NewRequestWithContext makes it, without parsing a URL and
+	// making a header only to replace them; the method was valid on the
+	// way in.
+	out := (&http.Request{Method: in.Method, URL: &u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1}).WithContext(ctx)
 	if len(body) > 0 {
 		out.Body, out.ContentLength = newUpstreamBody(body), int64(len(body))
 		// The transport may resend it on a stale connection.

@@ -30,6 +30,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -161,11 +162,11 @@ type Proxy struct {
 	// /readyz answer 503 (Drain).
 	stop    context.Context
 	stopAll context.CancelFunc
-	// stopShards are contexts Stop cancels too, that attempts register on
-	// (by a random pick): each registration takes its context's lock,
-	// which would otherwise be one lock for every attempt of every core.
-	stopShards    [stopShardCount]context.Context
-	stopShardsEnd [stopShardCount]context.CancelFunc
+	// stopShards hold the attempts in flight, which Stop ends; an attempt
+	// registers on one by a random pick: each registration takes its
+	// shard's lock, which would otherwise be one lock for every attempt of
+	// every core.
+	stopShards    [stopShardCount]stopShard
 	draining      atomic.Bool
 	sessionHeader string
 	transport     http.RoundTripper
@@ -233,7 +234,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.budget.ratio, p.budget.min, p.budget.now = p.res.RetryBudget, int64(p.res.RetryBudgetMin), p.now
 	p.stop, p.stopAll = context.WithCancel(context.Background())
 	for i := range p.stopShards {
-		p.stopShards[i], p.stopShardsEnd[i] = context.WithCancel(context.Background())
+		p.stopShards[i].live = make(map[*attempt]struct{}, 64)
 	}
 	p.over = cfg.Overload
 	if p.over.MaxPerBackend == 0 {
@@ -624,9 +625,46 @@ func (p *Proxy) Drain() { p.draining.Store(true) }
 // contend for them.
 const stopShardCount = 32
 
-// stopShard returns a context cancelled by Stop for one attempt to wait on.
-func (p *Proxy) stopShard() context.Context {
-	return p.stopShards[rand.Uint32()%stopShardCount]
+// stopShard returns a shard for one attempt to register on.
+func (p *Proxy) stopShard() *stopShard {
+	return &p.stopShards[rand.Uint32()%stopShardCount]
+}
+
+// stopShard is a set of attempts in flight that Stop ends. Registering
+// allocates nothing, where context.AfterFunc on a context Stop cancels made
+// three allocations an attempt.
+type stopShard struct {
+	mu      sync.Mutex
+	stopped bool
+	live    map[*attempt]struct{}
+	_       [40]byte // a cache line each: the shards are for cores not to share one
+}
+
+// add registers a until remove; after stop, it ends a at once.
+func (s *stopShard) add(a *attempt) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		a.cancel(errShutdown)
+		return
+	}
+	s.live[a] = struct{}{}
+}
+
+func (s *stopShard) remove(a *attempt) {
+	s.mu.Lock()
+	delete(s.live, a)
+	s.mu.Unlock()
+}
+
+// stop ends the attempts registered and every one that registers after.
+func (s *stopShard) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = true
+	for a := range s.live {
+		a.cancel(errShutdown)
+	}
 }
 
 // Stop ends every request still in flight: a stream under way ends with an
@@ -634,8 +672,8 @@ func (p *Proxy) stopShard() context.Context {
 // get the same 503 at once. Call it when the shutdown grace has run out.
 func (p *Proxy) Stop() {
 	p.stopAll()
-	for _, cancel := range p.stopShardsEnd {
-		cancel()
+	for i := range p.stopShards {
+		p.stopShards[i].stop()
 	}
 }
 
