@@ -437,7 +437,8 @@ func (ir idleReader) push(s byteSink) (bool, error) {
 	if !ok {
 		return false, nil
 	}
-	return p.push(idleSink{s: s, a: ir.a})
+	ir.a.sink = idleSink{s: s, a: ir.a} // in the attempt: boxed on its own, it would be allocated
+	return p.push(&ir.a.sink)
 }
 
 // idleSink is idleReader's sink.

@@ -30,6 +30,7 @@ type attempt struct {
 	hw   heldWriter
 	sc   eventScanner
 	body idleReader
+	sink idleSink
 	// first is set at the first token; complete when the response was
 	// copied to its end.
 	first, complete bool

@@ -200,7 +200,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{
 		fleet:         cfg.Fleet,
 		router:        cfg.Router,
-		sessionHeader: cmp.Or(cfg.SessionHeader, DefaultSessionHeader),
+		sessionHeader: http.CanonicalHeaderKey(cmp.Or(cfg.SessionHeader, DefaultSessionHeader)), // else Header.Get makes it, every request
 		transport:     cfg.Transport,
 		log:           cfg.Logger,
 		now:           cfg.Now,

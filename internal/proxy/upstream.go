@@ -256,7 +256,7 @@ func (b *leanBody) release(complete bool) {
 	if !complete {
 		b.t.cut.Inc()
 	}
-	c.nc.Close()
+	c.discard()
 }
 
 // conn returns an idle connection to key, or dials one.
@@ -273,8 +273,41 @@ func (t *leanTransport) conn(ctx context.Context, key string) (*leanConn, error)
 	if t.raw {
 		nc = rawsock.Wrap(nc)
 	}
-	return &leanConn{nc: nc, br: bufio.NewReaderSize(nc, t.rbytes), bw: bufio.NewWriterSize(nc, t.wbytes), key: key,
+	return &leanConn{nc: nc, br: newLeanReader(nc, t.rbytes), bw: newLeanWriter(nc, t.wbytes), key: key,
 		close: func() { nc.Close() }}, nil
+}
+
+// The buffers of connections closed, for the next ones dialled: clients
+// that come back after a lull find the idle connections expired, and each
+// new one would otherwise allocate its two buffers (16 KB with
+// NewTransport) in a burst that brings the next garbage collection closer.
+var leanReaders, leanWriters sync.Pool
+
+func newLeanReader(nc net.Conn, size int) *bufio.Reader {
+	if br, ok := leanReaders.Get().(*bufio.Reader); ok && br.Size() == size {
+		br.Reset(nc)
+		return br
+	}
+	return bufio.NewReaderSize(nc, size)
+}
+
+func newLeanWriter(nc net.Conn, size int) *bufio.Writer {
+	if bw, ok := leanWriters.Get().(*bufio.Writer); ok && bw.Size() == size {
+		bw.Reset(nc)
+		return bw
+	}
+	return bufio.NewWriterSize(nc, size)
+}
+
+// discard closes c, which no one else reads or writes (idle in the pool, or
+// its response done with), and gives its buffers to the next connection.
+func (c *leanConn) discard() {
+	c.nc.Close()
+	c.br.Reset(nil)
+	c.bw.Reset(nil)
+	leanReaders.Put(c.br)
+	leanWriters.Put(c.bw)
+	c.br, c.bw = nil, nil
 }
 
 // get takes the most recently used idle connection to key that has not
@@ -291,7 +324,7 @@ func (t *leanTransport) get(key string) *leanConn {
 	t.idle[key] = conns[:len(conns)-1]
 	if t.idleFor > 0 && time.Since(c.idleSince) >= t.idleFor {
 		// The rest are older still: the sweep closes them.
-		c.nc.Close()
+		c.discard()
 		return nil
 	}
 	return c
@@ -304,7 +337,7 @@ func (t *leanTransport) put(c *leanConn) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(t.idle[c.key]) >= t.maxIdle {
-		c.nc.Close()
+		c.discard()
 		return
 	}
 	t.idle[c.key] = append(t.idle[c.key], c)
@@ -324,7 +357,7 @@ func (t *leanTransport) sweep() {
 	for key, conns := range t.idle {
 		n := 0
 		for n < len(conns) && now.Sub(conns[n].idleSince) >= t.idleFor {
-			conns[n].nc.Close()
+			conns[n].discard()
 			n++
 		}
 		if n == len(conns) {
@@ -349,7 +382,7 @@ func (t *leanTransport) CloseIdleConnections() {
 	t.mu.Lock()
 	for key, conns := range t.idle {
 		for _, c := range conns {
-			c.nc.Close()
+			c.discard()
 		}
 		delete(t.idle, key)
 	}
