@@ -195,7 +195,7 @@ func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response, body io.Re
 		}()
 	}
 	flushEach := res.ContentLength < 0
-	rc := http.NewResponseController(w)
+	rc := flusherOf(w)
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
@@ -360,4 +360,17 @@ func isEventStream(ct string) bool {
 }
 
 // statusLabel is the requests_total label of an HTTP status.
-func statusLabel(code int) string { return strconv.Itoa(code) }
+func statusLabel(code int) string {
+	if code >= 100 && code < 100+len(statusLabels) {
+		return statusLabels[code-100] // strconv.Itoa would allocate one for every request
+	}
+	return strconv.Itoa(code)
+}
+
+// statusLabels are the labels of statuses 100 to 599.
+var statusLabels = func() (l [500]string) {
+	for i := range l {
+		l[i] = strconv.Itoa(100 + i)
+	}
+	return l
+}()

@@ -268,7 +268,7 @@ func BenchmarkRequestAllocs(b *testing.B) {
 }
 
 // The most allocations one streamed request may make through the server,
-// by policy: 86 and 90 when this was written (113 and 117 before), with
+// by policy: 84 and 88 when this was written (113 and 117 before), with
 // room for a few more, so that a change which adds some per request shows
 // here and is weighed. Every allocation before the first token is one more
 // a garbage-collection cycle under way charges to that request (mark
