@@ -49,7 +49,8 @@ func parseBenchFrontFlags(args []string, output io.Writer) (frontbench.Config, s
 			"all on 127.0.0.1. Fronts: direct (none), nginx, HAProxy, the standard library's\n"+
 			"httputil.ReverseProxy, kvroute serve with round-robin and with kvroute. Reports per front the\n"+
 			"TTFT and its part added over direct, the chunk gap, each event's delay and the front's CPU\n"+
-			"seconds per 10,000 events.\n\nFlags:\n")
+			"seconds per 10,000 events; for kvroute's fronts also their garbage collections and heap\n"+
+			"allocations per stream (from their /metrics).\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

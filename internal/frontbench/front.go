@@ -112,6 +112,12 @@ type Result struct {
 	// warm-up included (in a median row: over all rounds); -1 where the
 	// front does not report them.
 	GCCycles int `json:"gc_cycles"`
+	// AllocsPerStream and AllocBytesPerStream are the front's heap
+	// allocations (objects, bytes) while the load ran, warm-up and its own
+	// health checks and scrapes included, per stream started, its events
+	// included; 0 where the front does not report them.
+	AllocsPerStream     float64 `json:"allocs_per_stream"`
+	AllocBytesPerStream float64 `json:"alloc_bytes_per_stream"`
 }
 
 // Report is a whole run.
@@ -226,7 +232,7 @@ func measure(ctx context.Context, cfg Config, self string, f front, backends []s
 			return nil, err
 		}
 	}
-	gc0, gcErr := gcCycles(ctx, f)
+	rt0, rtErr := runtimeCounts(ctx, f)
 	lg, err := startChild(ctx, "load generator", cfg.LoadCPU, self, "bench", "front", "--role", "load", "--load", string(spec))
 	if err != nil {
 		return nil, err
@@ -247,51 +253,69 @@ func measure(ctx context.Context, cfg Config, self string, f front, backends []s
 		r.CPUPer10k = (cpu1 - cpu0) / float64(r.Events) * 1e4
 	}
 	r.GCCycles = -1
-	if gc1, err := gcCycles(ctx, f); err == nil && gcErr == nil && gc0 >= 0 {
-		r.GCCycles = gc1 - gc0
+	if rt1, err := runtimeCounts(ctx, f); err == nil && rtErr == nil && f.gc {
+		r.GCCycles = int(rt1.gc - rt0.gc)
+		if r.Started > 0 {
+			r.AllocsPerStream = (rt1.mallocs - rt0.mallocs) / float64(r.Started)
+			r.AllocBytesPerStream = (rt1.bytes - rt0.bytes) / float64(r.Started)
+		}
 	}
 	return r, nil
 }
 
-// gcCycles returns the garbage collections f has made, from its /metrics
-// (the Go runtime's go_gc_duration_seconds_count), or -1 for a front that
-// does not report them.
-func gcCycles(ctx context.Context, f front) (int, error) {
+// goRuntime is what a Go front's /metrics tells of its runtime, as counts
+// since it started: garbage collections, heap allocations and their bytes.
+type goRuntime struct{ gc, mallocs, bytes float64 }
+
+// runtimeCounts reads f's runtime counts from its /metrics; zero for a
+// front that does not report them.
+func runtimeCounts(ctx context.Context, f front) (goRuntime, error) {
 	if !f.gc {
-		return -1, nil
+		return goRuntime{}, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, f.url+"/metrics", nil)
 	if err != nil {
-		return 0, err
+		return goRuntime{}, err
 	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, err
+		return goRuntime{}, err
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("%s/metrics: status %d", f.url, res.StatusCode)
+		return goRuntime{}, fmt.Errorf("%s/metrics: status %d", f.url, res.StatusCode)
 	}
-	return gcCount(res.Body)
+	return goCounts(res.Body)
 }
 
-// gcCount reads go_gc_duration_seconds_count from a Prometheus text
-// exposition.
-func gcCount(r io.Reader) (int, error) {
-	const name = "go_gc_duration_seconds_count "
+// goCounts reads the Go collector's go_gc_duration_seconds_count,
+// go_memstats_mallocs_total and go_memstats_alloc_bytes_total from a
+// Prometheus text exposition.
+func goCounts(r io.Reader) (goRuntime, error) {
+	var g goRuntime
+	want := map[string]*float64{"go_gc_duration_seconds_count": &g.gc, "go_memstats_mallocs_total": &g.mallocs,
+		"go_memstats_alloc_bytes_total": &g.bytes}
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name); ok {
+		name, v, ok := strings.Cut(sc.Text(), " ")
+		if p := want[name]; ok && p != nil {
 			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return int(n), err
+			if err != nil {
+				return g, fmt.Errorf("%s: %w", name, err)
+			}
+			*p = n
+			delete(want, name)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return 0, err
+		return g, err
 	}
-	return 0, errors.New("no " + strings.TrimSpace(name) + " in /metrics")
+	for name := range want {
+		return g, errors.New("no " + name + " in /metrics")
+	}
+	return g, nil
 }
 
 // startFronts starts the fronts cfg names (all by default), each on
@@ -446,9 +470,12 @@ func medianResult(rs []Result) Result {
 	out.Delay.P50 = med(func(r *Result) float64 { return r.Delay.P50 })
 	out.Delay.P99 = med(func(r *Result) float64 { return r.Delay.P99 })
 	out.CPUPer10k = med(func(r *Result) float64 { return r.CPUPer10k })
-	out.Events, out.Errors, out.Measured, out.GCCycles = 0, 0, 0, 0
+	out.AllocsPerStream = med(func(r *Result) float64 { return r.AllocsPerStream })
+	out.AllocBytesPerStream = med(func(r *Result) float64 { return r.AllocBytesPerStream })
+	out.Events, out.Started, out.Errors, out.Measured, out.GCCycles = 0, 0, 0, 0, 0
 	for _, r := range rs {
 		out.Events += r.Events
+		out.Started += r.Started
 		out.Errors += r.Errors
 		out.Measured += r.Measured
 		if r.GCCycles < 0 || out.GCCycles < 0 {
@@ -487,7 +514,7 @@ func WriteTable(w io.Writer, rep *Report) {
 			tw.Flush()
 			streams, direct = r.Streams, nil
 			fmt.Fprintf(w, "\n%d streams, one event every %.0f ms each (%.0f events/s in all)\n\n", r.Streams, r.GapMS, float64(r.Streams)/r.GapMS*1000)
-			fmt.Fprintln(tw, "front\tTTFT p50 ms\tTTFT p99 ms\tadded p50 ms\tadded p99 ms\tchunk gap p99 ms\tevent delay p99 ms\tCPU s / 10k events\tGC cycles (all rounds)\tstreams measured\terrors")
+			fmt.Fprintln(tw, "front\tTTFT p50 ms\tTTFT p99 ms\tadded p50 ms\tadded p99 ms\tchunk gap p99 ms\tevent delay p99 ms\tCPU s / 10k events\tGC cycles (all rounds)\tallocs / stream\tKB alloc / stream\tstreams measured\terrors")
 		}
 		if r.Front == frontDirect {
 			direct = r
@@ -502,13 +529,16 @@ func WriteTable(w io.Writer, rep *Report) {
 		if r.Front != frontDirect {
 			cpu = fmt.Sprintf("%.3f", r.CPUPer10k)
 		}
-		gc := "–"
+		gc, allocs, kb := "–", "–", "–"
 		if r.GCCycles >= 0 {
 			gc = strconv.Itoa(r.GCCycles)
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%d\t%d\n", r.Front, r.TTFT.P50, r.TTFT.P99,
+		if r.AllocsPerStream > 0 {
+			allocs, kb = fmt.Sprintf("%.0f", r.AllocsPerStream), fmt.Sprintf("%.1f", r.AllocBytesPerStream/1024)
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t%s\t%d\t%d\n", r.Front, r.TTFT.P50, r.TTFT.P99,
 			added(func(r *Result) float64 { return r.TTFT.P50 }), added(func(r *Result) float64 { return r.TTFT.P99 }),
-			r.ChunkGap.P99, r.Delay.P99, cpu, gc, r.Measured, r.Errors)
+			r.ChunkGap.P99, r.Delay.P99, cpu, gc, allocs, kb, r.Measured, r.Errors)
 	}
 	tw.Flush()
 }

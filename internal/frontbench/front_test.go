@@ -70,15 +70,17 @@ func TestGapFor(t *testing.T) {
 	}
 }
 
-// gcCount reads the Go runtime's collections from a front's /metrics; a
-// page without them is an error, not zero.
-func TestGCCount(t *testing.T) {
+// goCounts reads the Go runtime's collections and allocations from a
+// front's /metrics; a page without them is an error.
+func TestGoCounts(t *testing.T) {
 	page := "# HELP go_gc_duration_seconds A summary.\n# TYPE go_gc_duration_seconds summary\n" +
-		"go_gc_duration_seconds{quantile=\"0\"} 5.1e-05\ngo_gc_duration_seconds_sum 0.0006\ngo_gc_duration_seconds_count 17\ngo_goroutines 24\n"
-	if n, err := gcCount(strings.NewReader(page)); err != nil || n != 17 {
-		t.Errorf("gcCount = %d, %v; want 17", n, err)
+		"go_gc_duration_seconds{quantile=\"0\"} 5.1e-05\ngo_gc_duration_seconds_sum 0.0006\ngo_gc_duration_seconds_count 17\ngo_goroutines 24\n" +
+		"go_memstats_alloc_bytes 1.2e+06\ngo_memstats_alloc_bytes_total 3.5e+08\ngo_memstats_mallocs_total 4.2e+06\n"
+	want := goRuntime{gc: 17, mallocs: 4.2e6, bytes: 3.5e8}
+	if g, err := goCounts(strings.NewReader(page)); err != nil || g != want {
+		t.Errorf("goCounts = %+v, %v; want %+v", g, err, want)
 	}
-	if n, err := gcCount(strings.NewReader("go_goroutines 24\n")); err == nil {
-		t.Errorf("gcCount of a page without the count = %d, want an error", n)
+	if g, err := goCounts(strings.NewReader("go_goroutines 24\ngo_gc_duration_seconds_count 17\n")); err == nil {
+		t.Errorf("goCounts of a page without the allocations = %+v, want an error", g)
 	}
 }

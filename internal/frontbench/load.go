@@ -42,6 +42,9 @@ type LoadResult struct {
 	// Events counts every content event delivered, warm-up included: the
 	// front's CPU time is divided by it.
 	Events int64 `json:"events"`
+	// Started counts every stream started, warm-up included: the front's
+	// allocations are divided by it.
+	Started int `json:"started"`
 	// Measured counts the streams started after the warm-up; Errors the
 	// streams that failed (status, cut, missing events), warm-up included.
 	Measured int `json:"measured"`
@@ -76,10 +79,10 @@ func quantiles(ds []time.Duration) Quantiles {
 
 // samples are one worker's measurements.
 type samples struct {
-	ttft, gap, delay []time.Duration
-	events           int64
-	measured, errors int
-	firstErr         error
+	ttft, gap, delay          []time.Duration
+	events                    int64
+	started, measured, errors int
+	firstErr                  error
 }
 
 // RunLoad plays cfg and returns what the client saw; it ends by itself
@@ -118,6 +121,7 @@ func RunLoad(ctx context.Context, cfg LoadConfig) (*LoadResult, error) {
 				if n > 0 || measure {
 					events = cfg.Events
 				}
+				s.started++
 				err := playStream(ctx, client, target, cfg, events, i, rng, s, measure)
 				if err != nil {
 					s.errors++
@@ -137,6 +141,7 @@ func RunLoad(ctx context.Context, cfg LoadConfig) (*LoadResult, error) {
 	for i := range all {
 		s := &all[i]
 		res.Events += s.events
+		res.Started += s.started
 		res.Measured += s.measured
 		res.Errors += s.errors
 		if s.firstErr != nil && res.FirstError == "" {
