@@ -43,12 +43,12 @@ type kvCache struct {
 // kvBlock is one block's state in one place: a fleet of simulated engines
 // holds tens of millions of blocks, and allocating or evicting one touches
 // all of its fields, so side by side they cost one cache miss, not one per
-// field. Twelve bytes: the hash a block is published under is where the
-// index keeps it (blockIndex.remove gives it back).
+// field.
 type kvBlock struct {
-	ref int32  // requests holding the block
-	pos uint32 // the free queue's entry it was last pushed as
-	at  int32  // where it is published (blockIndex.insert), or hashtab.Absent
+	hash uint64 // content hash of a published block
+	ref  int32  // requests holding the block
+	pos  uint32 // the free queue's entry it was last pushed as
+	at   int32  // where it is published (blockIndex.insert), or hashtab.Absent
 }
 
 func newKVCache(blocks, blockSize int) *kvCache {
@@ -152,11 +152,11 @@ func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 		b := c.popHead()
 		k := &c.blocks[b]
 		if k.at != hashtab.Absent {
-			h := c.published.remove(k.at, b)
+			c.published.remove(k.at, k.hash)
 			k.at = hashtab.Absent
 			evicted++
 			if c.evicted != nil {
-				c.evicted(h)
+				c.evicted(k.hash)
 			}
 		}
 		k.ref = 1
@@ -175,7 +175,7 @@ func (c *kvCache) publish(cur *hashtab.Cursor, b int32, hashes []uint64, i int) 
 	if at == hashtab.Absent {
 		return false
 	}
-	c.blocks[b].at = at
+	c.blocks[b].hash, c.blocks[b].at = hashes[i], at
 	return true
 }
 

@@ -123,16 +123,6 @@ func (t *Chains) Insert(c *Cursor, hashes []uint64, i int, v int32) int32 {
 	return c.g*GroupBlocks + int32(s)
 }
 
-// Spilled reports whether Insert put a value at at in the table of single
-// blocks, whose hash HashAt cannot tell.
-func Spilled(at int32) bool { return at == spilled }
-
-// HashAt returns the hash of the value Insert put at at, which is not
-// Spilled: a caller need not keep the hash of what it inserted.
-func (t *Chains) HashAt(at int32) uint64 {
-	return t.group(at / GroupBlocks).hashes[at%GroupBlocks]
-}
-
 // Remove deletes the block hash h, which Insert put at at.
 func (t *Chains) Remove(at int32, h uint64) {
 	t.n--
