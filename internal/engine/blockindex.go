@@ -6,13 +6,13 @@ import "github.com/kvroute/kvroute/internal/hashtab"
 // table entry (hashtab.Chains): a trace's block (512 tokens in Mooncake's),
 // where its prompts part ways. Blocks larger than a group's share are each
 // their own entry, in a hashtab.Table: with 512-token blocks, a group of
-// 16 would span whole prompts, and prompts that share only a first block
+// 32 would span whole prompts, and prompts that share only a first block
 // (a system prompt) would crowd into its group's spill.
 const groupTokens = 512
 
 // blockIndex finds the cache's published blocks by hash, in groups of
 // consecutive blocks when blocks are small (a fleet with vLLM's 16-token
-// blocks does a sixteenth of the table operations, each a cache miss),
+// blocks does a 32nd of the table operations, each a cache miss),
 // one entry per block otherwise.
 type blockIndex struct {
 	grouped bool

@@ -1,6 +1,10 @@
 package engine
 
-import "github.com/kvroute/kvroute/internal/hashtab"
+import (
+	"math/bits"
+
+	"github.com/kvroute/kvroute/internal/hashtab"
+)
 
 // kvCache is vLLM's paged KV cache with automatic prefix caching: a fixed
 // pool of blocks; a full block is published under the chained hash of its
@@ -15,8 +19,18 @@ import "github.com/kvroute/kvroute/internal/hashtab"
 type kvCache struct {
 	blocks []kvBlock
 	// The free queue: every block with ref 0, least recently used first,
-	// linked through kvBlock.prev and next.
-	head, tail int32
+	// in the order they were freed: a ring of block numbers, entry s (a
+	// count of pushes) at ring[s&mask], the queue's entries those from head
+	// to tail. A block that leaves the queue from the middle (a prefix hit)
+	// leaves its entry behind, stale: an entry is the block's place in the
+	// queue only if the block is free and was last pushed as that entry
+	// (kvBlock.pos), and allocate skips the others. A linked list cost
+	// every block that left it two cache misses on its neighbours, and an
+	// allocation of n blocks a chain of n dependent misses; here the ring
+	// is read in order, and taking or freeing a block touches only it.
+	ring       []int32
+	mask       uint32
+	head, tail uint32
 	free       int
 	published  blockIndex // block hash → block
 	// found are the blocks the last lookup found, for take.
@@ -31,19 +45,20 @@ type kvCache struct {
 // all of its fields, so side by side they cost one cache miss, not one per
 // field.
 type kvBlock struct {
-	hash       uint64 // content hash of a published block
-	ref        int32  // requests holding the block
-	prev, next int32
-	at         int32 // where it is published (blockIndex.insert), or hashtab.Absent
+	hash uint64 // content hash of a published block
+	ref  int32  // requests holding the block
+	pos  uint32 // the free queue's entry it was last pushed as
+	at   int32  // where it is published (blockIndex.insert), or hashtab.Absent
 }
 
-const none int32 = -1
-
 func newKVCache(blocks, blockSize int) *kvCache {
+	// Room for a quarter as many stale entries as blocks, at least, before
+	// the ring grows (which few engines' do).
+	n := 1 << bits.Len(uint(blocks+blocks/4))
 	c := &kvCache{
 		blocks:    make([]kvBlock, blocks),
-		head:      none,
-		tail:      none,
+		ring:      make([]int32, n),
+		mask:      uint32(n - 1),
 		published: newBlockIndex(blocks, blockSize),
 	}
 	for b := range blocks {
@@ -58,29 +73,43 @@ func (c *kvCache) total() int { return len(c.blocks) }
 func (c *kvCache) used() int { return len(c.blocks) - c.free }
 
 func (c *kvCache) pushTail(b int32) {
-	c.blocks[b].prev, c.blocks[b].next = c.tail, none
-	if c.tail == none {
-		c.head = b
-	} else {
-		c.blocks[c.tail].next = b
+	if c.tail-c.head == uint32(len(c.ring)) {
+		c.grow()
 	}
-	c.tail = b
+	c.ring[c.tail&c.mask] = b
+	c.blocks[b].pos = c.tail
+	c.tail++
 	c.free++
 }
 
-func (c *kvCache) unlink(b int32) {
-	p, n := c.blocks[b].prev, c.blocks[b].next
-	if p == none {
-		c.head = n
-	} else {
-		c.blocks[p].next = n
+// unlink takes b, which has ref 0, out of the free queue: its entry
+// goes stale when the caller holds it (ref > 0).
+func (c *kvCache) unlink(int32) { c.free-- }
+
+// popHead takes the least recently used free block out of the queue,
+// skipping stale entries. The caller checks c.free > 0 first, and holds
+// the block before the next push.
+func (c *kvCache) popHead() int32 {
+	for {
+		s := c.head
+		b := c.ring[s&c.mask]
+		c.head++
+		if k := &c.blocks[b]; k.ref == 0 && k.pos == s {
+			c.free--
+			return b
+		}
 	}
-	if n == none {
-		c.tail = p
-	} else {
-		c.blocks[n].prev = p
+}
+
+// grow doubles the ring, its entries keeping their numbers (and the
+// blocks their pos).
+func (c *kvCache) grow() {
+	ring := make([]int32, 2*len(c.ring))
+	mask := uint32(len(ring) - 1)
+	for s := c.head; s != c.tail; s++ {
+		ring[s&mask] = c.ring[s&c.mask]
 	}
-	c.free--
+	c.ring, c.mask = ring, mask
 }
 
 // lookup returns how many leading hashes (a sequence's, from its first
@@ -120,8 +149,7 @@ func (c *kvCache) take(dst []int32, n int) []int32 {
 func (c *kvCache) allocate(dst []int32, n int) ([]int32, int) {
 	evicted := 0
 	for range n {
-		b := c.head
-		c.unlink(b)
+		b := c.popHead()
 		k := &c.blocks[b]
 		if k.at != hashtab.Absent {
 			c.published.remove(k.at, k.hash)

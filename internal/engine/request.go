@@ -78,3 +78,12 @@ func (r *Request) numTokens() int { return r.PromptLen + r.Output }
 
 // Done reports whether the request has finished or was aborted.
 func (r *Request) Done() bool { return r.State == StateFinished || r.State == StateAborted }
+
+// Reset makes r a new request, with every field zero, but keeps the
+// memory of its KV block list for the next one: a simulator that reuses
+// its Request values then does not allocate a list per request. r must be
+// done or never added.
+func (r *Request) Reset() {
+	blocks := r.blocks[:0]
+	*r = Request{blocks: blocks}
+}

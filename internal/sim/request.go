@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"net/http"
 	"slices"
 	"strings"
@@ -99,7 +100,8 @@ func (s *simulation) newFlight() *flight {
 		id := s.free[n-1]
 		s.free = s.free[:n-1]
 		f := s.flights[id]
-		f.req = engine.Request{ID: uint64(id)}
+		f.req.Reset()
+		f.req.ID = uint64(id)
 		return f
 	}
 	f := &flight{req: engine.Request{ID: uint64(len(s.flights))}}
@@ -202,6 +204,12 @@ func tokenHashes(dst []uint64, t *workload.Turn, tile int32, blockSize int) []ui
 			salted[j] = id + uint64(tile)*0x9e3779b97f4a7c15
 		}
 		ids = salted
+	}
+	if n := (t.Tokens + t.MaxTokens) / max(blockSize, 1); cap(dst) < n {
+		// A flight's list, reused, grows to its longest request once, in
+		// one step of a power of two: grown as needed, a fleet with
+		// 16-token blocks allocated and cleared a gigabyte of them.
+		dst = make([]uint64, 0, 1<<bits.Len(uint(n)))
 	}
 	dst = engine.HashBlockIDs(dst, ids, t.BlockTokens, t.Tokens, blockSize)
 	if len(dst) < t.Tokens/blockSize || len(dst) == 0 {
