@@ -37,20 +37,7 @@ func TestPeerLag(t *testing.T) {
 	if trials <= 0 {
 		t.Skip("a measurement: set KVROUTE_PEER_LAG=N (trials) to run it")
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "kvroute")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	run := func(args ...string) {
-		cmd := exec.Command(bin, args...)
-		cmd.Stdout, cmd.Stderr = nil, nil
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() })
-	}
-	port := func() string { return strings.TrimPrefix(deadURL(t), "http://") }
+	run, port := processes(t)
 
 	emu := port()
 	_, p0, _ := strings.Cut(emu, ":")
@@ -147,6 +134,26 @@ func TestPeerLag(t *testing.T) {
 		t.Logf("push, B's kvroute_peer_stream_lag_seconds: %d updates, mean %.3f ms, median at most %.3f ms",
 			h.GetSampleCount(), 1000*h.GetSampleSum()/float64(h.GetSampleCount()), 1000*median)
 	}
+}
+
+// processes builds kvroute and returns run, which starts it with args
+// until the test ends, and port, a free 127.0.0.1 address.
+func processes(t *testing.T) (run func(args ...string), port func() string) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "kvroute")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	run = func(args ...string) {
+		cmd := exec.Command(bin, args...)
+		cmd.Stdout, cmd.Stderr = nil, nil
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() })
+	}
+	port = func() string { return strings.TrimPrefix(deadURL(t), "http://") }
+	return run, port
 }
 
 // waitReady waits for a replica's /readyz to answer 200.

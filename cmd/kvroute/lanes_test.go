@@ -1,0 +1,260 @@
+package main
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/internal/peers"
+)
+
+// TestBurstLanes checks the lanes of a burst across real processes: two
+// `kvroute serve` replicas that push their counts to each other and read
+// the engines' KV events, in front of eight emulated backends publishing
+// theirs. Each replica is sent bursts of distinct prompts, many at once,
+// and in a burst each must keep to its own lane: the backends whose place
+// in the order of their URLs' hashes is, modulo two, its place among the
+// two replicas' names (router's setLanes and inLane). Its picks come
+// within the push delay (2 ms) of each other only as fast as a loaded
+// machine lets them, so warm-up bursts first teach each replica that its
+// traffic comes in bursts (more than half its picks near the previous
+// one: every pick then keeps to the lane), and only the measured burst
+// after them is asserted on; a replica that never keeps to its lane fails
+// it all the same. It builds the binary and takes some 15 s, so
+// -short skips it (docs/BENCHMARKS.md, "Pushed counts in a burst: a lane
+// for each replica").
+func TestBurstLanes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end to end with processes, some 15 s")
+	}
+	const backends, perBurst, warmups = 8, 32, 12
+	run, port := processes(t)
+
+	// The emulator's replica i listens on base+i and publishes its
+	// events on events+i.
+	base, events := freeRun(t, backends), freeRun(t, backends)
+	run("emulate", "--port", strconv.Itoa(base), "--replicas", strconv.Itoa(backends), "--model", "m",
+		"--time-scale", "0.01", "--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", events))
+	var fleet []string
+	urls := map[string]string{}
+	for i := range backends {
+		name, url := fmt.Sprintf("gpu%d", i), fmt.Sprintf("http://127.0.0.1:%d", base+i)
+		urls[name] = url
+		fleet = append(fleet, "--backend", name+"="+url,
+			"--kv-events", fmt.Sprintf("%s=tcp://127.0.0.1:%d", name, events+i))
+	}
+
+	apiA, apiB, metA, metB := port(), port(), port(), port()
+	common := append([]string{"serve", "--replicas", "2", "--drain-delay", "0", "--log-level", "error"}, fleet...)
+	run(append(common, "--listen", apiA, "--metrics-listen", metA, "--peer", "http://"+metB)...)
+	run(append(common, "--listen", apiB, "--metrics-listen", metB, "--peer", "http://"+metA)...)
+	type replica struct{ api, metrics, id string }
+	reps := []*replica{{api: "http://" + apiA, metrics: "http://" + metA}, {api: "http://" + apiB, metrics: "http://" + metB}}
+	for _, r := range reps {
+		waitReady(t, r.api)
+		r.id = replicaName(t, r.metrics)
+	}
+	// Each follows the other's stream; a peer tick later (100 ms) it
+	// counts every peer as pushed and has heard the other's name.
+	deadline := time.Now().Add(30 * time.Second)
+	for _, r := range reps {
+		for gauge(t, r.metrics, "kvroute_peers_streaming") < 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never followed its peer's stream", r.api)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+
+	// The lanes as setLanes numbers the backends.
+	names := slices.Collect(maps.Keys(urls))
+	slices.SortFunc(names, func(x, y string) int {
+		return cmp.Compare(xxhash.Sum64String(urls[x]), xxhash.Sum64String(urls[y]))
+	})
+	lane := func(r *replica) map[string]bool {
+		rank := 0
+		for _, o := range reps {
+			if o.id < r.id {
+				rank++
+			}
+		}
+		in := map[string]bool{}
+		for i, name := range names {
+			if i%len(reps) == rank {
+				in[name] = true
+			}
+		}
+		return in
+	}
+
+	rng := rand.New(rand.NewPCG(3, 4))
+	words := strings.Fields("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu")
+	prompt := func() string { // distinct from the first word: no shared prefix
+		var b strings.Builder
+		fmt.Fprintf(&b, "%d", rng.Uint64())
+		for range 60 {
+			b.WriteString(" " + words[rng.IntN(len(words))])
+		}
+		return b.String()
+	}
+	// burst sends perBurst prompts to each replica at once and returns
+	// the backends each replica's picks went to.
+	burst := func() [][]string {
+		bodies := make([][]string, len(reps))
+		for r := range reps {
+			for range perBurst {
+				bodies[r] = append(bodies[r], fmt.Sprintf(`{"model":"m","max_tokens":2,"messages":[{"role":"user","content":%q}]}`, prompt()))
+			}
+		}
+		picks := make([][]string, len(reps))
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for r, rep := range reps {
+			for _, body := range bodies[r] {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					backend, err := postBackend(rep.api, body)
+					mu.Lock()
+					defer mu.Unlock()
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					picks[r] = append(picks[r], backend)
+				}()
+			}
+		}
+		close(start)
+		wg.Wait()
+		return picks
+	}
+	outside := func(picks []string, in map[string]bool) int {
+		n := 0
+		for _, b := range picks {
+			if !in[b] {
+				n++
+			}
+		}
+		return n
+	}
+	// At least three warm-up bursts, and more while a loaded machine
+	// spreads a burst's picks so that a replica did not yet keep to its
+	// lane: the first pick of a burst, and any before two come within the
+	// push delay, may go anywhere.
+	for w := 0; w < warmups; w++ {
+		picks, out := burst(), 0
+		for r, rep := range reps {
+			n := outside(picks[r], lane(rep))
+			out += n
+			t.Logf("warm-up %d, replica %s: %d of %d picks outside its lane", w, rep.id, n, len(picks[r]))
+		}
+		if w >= 2 && out == 0 {
+			break
+		}
+	}
+	picks := burst()
+	if t.Failed() {
+		t.FailNow()
+	}
+	sets := make([]map[string]int, len(reps))
+	for r, rep := range reps {
+		in := lane(rep)
+		sets[r] = map[string]int{}
+		for _, b := range picks[r] {
+			sets[r][b]++
+		}
+		t.Logf("replica %s, lane %v: picks %v", rep.id, slices.Sorted(maps.Keys(in)), sets[r])
+		if n := outside(picks[r], in); n > 0 {
+			t.Errorf("replica %s sent %d of its %d burst picks outside its lane", rep.id, n, len(picks[r]))
+		}
+	}
+	for b := range sets[0] {
+		if sets[1][b] > 0 {
+			t.Errorf("both replicas sent burst picks to %s", b)
+		}
+	}
+}
+
+// freeRun returns the first of n consecutive free ports on 127.0.0.1.
+func freeRun(t *testing.T, n int) int {
+	t.Helper()
+	for range 100 {
+		first, _ := strconv.Atoi(strings.TrimPrefix(deadURL(t), "http://127.0.0.1:"))
+		if first+n > 65535 {
+			continue
+		}
+		var lns []net.Listener
+		for i := range n {
+			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", first+i))
+			if err != nil {
+				break
+			}
+			lns = append(lns, ln)
+		}
+		ok := len(lns) == n
+		for _, ln := range lns {
+			ln.Close()
+		}
+		if ok {
+			return first
+		}
+	}
+	t.Fatalf("no %d consecutive free ports", n)
+	return 0
+}
+
+// replicaName reads a replica's name from its own report (peers.Path).
+func replicaName(t *testing.T, base string) string {
+	t.Helper()
+	res, err := http.Get(base + peers.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var r peers.Report
+	if err := json.NewDecoder(res.Body).Decode(&r); err != nil || r.Replica == "" {
+		t.Fatalf("%s%s: replica %q, %v", base, peers.Path, r.Replica, err)
+	}
+	return r.Replica
+}
+
+// gauge reads a gauge without labels from the metrics at base; 0 if absent.
+func gauge(t *testing.T, base, name string) float64 {
+	t.Helper()
+	if mf := scrape(t, base)[name]; mf != nil && len(mf.GetMetric()) == 1 {
+		return mf.GetMetric()[0].GetGauge().GetValue()
+	}
+	return 0
+}
+
+// postBackend sends a chat completion and returns the backend that served
+// it (proxy.HeaderBackend); safe outside the test's goroutine.
+func postBackend(base, body string) (string, error) {
+	res, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	defer res.Body.Close()
+	msg, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("status %d: %s", res.StatusCode, msg)
+	}
+	return res.Header.Get("X-Kvroute-Backend"), nil
+}
