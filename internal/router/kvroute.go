@@ -353,7 +353,14 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	}
 	s.hashes = req.prefixHashes(s.hashes[:0], p.cfg.BlockBytes)
 	fleetSize := len(cands)
-	cands, longest, inFlight := p.match(s, req, cands) // all, or the few that can win (kvroute_prune.go)
+	now := p.cfg.Now()
+	var lanes bool
+	s.one, lanes = p.mode(now)
+	var mine lane // every backend, but in a burst behind replicas (inLane)
+	if lanes {
+		mine = p.lane()
+	}
+	cands, longest, inFlight := p.match(s, req, cands, mine) // all, or the few that can win (kvroute_prune.go)
 	if p.cfg.Events != nil {
 		s.events = slices.Grow(s.events[:0], len(cands))[:len(cands)]
 		p.cfg.Events.Match(req, cands, s.events)
@@ -367,9 +374,6 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	s.drains = slices.Grow(s.drains[:0], len(cands))[:len(cands)]
 	s.peer = slices.Grow(s.peer[:0], len(cands))[:len(cands)]
 	loads := s.loads
-	now := p.cfg.Now()
-	var lanes bool
-	s.one, lanes = p.mode(now)
 	for i, b := range cands {
 		loads[i], s.peer[i] = p.load(b, now)
 		total += loads[i].Requests
@@ -418,7 +422,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 			return p.breakTie(cand, cands, best, floor, floorTTFT, session, hasSession, key)
 		}
 		if lanes {
-			best = p.inLane(s, cand, cands, best, decide)
+			best = p.inLane(s, mine, cand, cands, best, decide)
 		} else {
 			best = decide(cand, cands, best)
 		}

@@ -54,7 +54,7 @@ type KVHolders interface {
 // which sums them itself): the pruner's count of this replica's, plus the
 // other replicas' (fleetInFlight). The holders come from the index and,
 // when Events can name them (KVHolders), from the engines' events.
-func (p *KVRoute) match(s *pickScratch, req *Request, cands []*fleet.Backend) ([]*fleet.Backend, int, int64) {
+func (p *KVRoute) match(s *pickScratch, req *Request, cands []*fleet.Backend, mine lane) ([]*fleet.Backend, int, int64) {
 	if !p.cfg.pruning(len(cands)) {
 		return cands, p.index.Match(s.hashes, s.matched, s.recent), -1
 	}
@@ -69,7 +69,7 @@ func (p *KVRoute) match(s *pickScratch, req *Request, cands []*fleet.Backend) ([
 	pr := &p.prune
 	pr.mu.Lock()
 	at := pr.positions(req.Model, cands)
-	s.few = pr.least(s.few[:0], cands, at, p.cfg.PruneLeast)
+	s.few = pr.least(s.few[:0], cands, at, mine, p.cfg.PruneLeast)
 	if session >= 0 && !slices.Contains(s.few, session) && at.find(cands, int(session)) >= 0 {
 		s.few = append(s.few, session)
 	}
@@ -245,10 +245,12 @@ func (pr *pruner) untrack(i int) {
 	pr.total -= int64(k)
 }
 
-// least appends to dst the indexes of up to k of cands with the fewest
-// requests in flight. A backend found with a count other than its bucket's
+// least appends to dst the indexes of up to k of cands in mine with the
+// fewest requests in flight (in a burst behind replicas, the replica's
+// lane, where it would otherwise find few of its own among the fleet's
+// least loaded). A backend found with a count other than its bucket's
 // is moved to its bucket and looked at again there. Call with mu held.
-func (pr *pruner) least(dst []int32, cands []*fleet.Backend, at *positions, k int) []int32 {
+func (pr *pruner) least(dst []int32, cands []*fleet.Backend, at *positions, mine lane, k int) []int32 {
 	found := 0
 	for pr.low < len(pr.head) && pr.head[pr.low] < 0 {
 		pr.low++
@@ -257,7 +259,7 @@ func (pr *pruner) least(dst []int32, cands []*fleet.Backend, at *positions, k in
 		for i := pr.head[key]; i >= 0 && found < k; {
 			next := pr.next[i]
 			j := at.find(cands, int(i))
-			if j < 0 {
+			if j < 0 || !mine.has(int(i)) {
 				i = next
 				continue
 			}

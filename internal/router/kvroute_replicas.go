@@ -244,23 +244,15 @@ type laneScratch struct {
 // and those outside it holding laneShare of the prompt more than any in
 // it; among all when it has no lane (no other replica heard) or no
 // candidate in it.
-func (p *KVRoute) inLane(s *pickScratch, cand []candidate, cands []*fleet.Backend, best int, decide func([]candidate, []*fleet.Backend, int) int) int {
-	self, others := p.cfg.Lanes()
-	pos := p.lanePos.Load()
-	if len(others) == 0 || pos == nil {
+func (p *KVRoute) inLane(s *pickScratch, mine lane, cand []candidate, cands []*fleet.Backend, best int, decide func([]candidate, []*fleet.Backend, int) int) int {
+	if mine.of == 0 {
 		return decide(cand, cands, best)
-	}
-	rank, lanes := 0, len(others)+1
-	for _, o := range others {
-		if o < self {
-			rank++
-		}
 	}
 	l := &s.lane
 	l.idx = l.idx[:0]
 	most := -1
 	for i, b := range cands {
-		if !math.IsInf(cand[i].cost, 1) && b.Index < len(*pos) && int((*pos)[b.Index])%lanes == rank {
+		if !math.IsInf(cand[i].cost, 1) && mine.has(b.Index) {
 			l.idx = append(l.idx, i)
 			most = max(most, cand[i].cached)
 		}
@@ -284,6 +276,35 @@ func (p *KVRoute) inLane(s *pickScratch, cand []candidate, cands []*fleet.Backen
 		}
 	}
 	return l.idx[decide(l.cand, l.cands, cheapest)]
+}
+
+// lane is the backends a replica keeps to in a burst: those whose place
+// in setLanes' order is rank, modulo of. The zero lane has every backend.
+type lane struct {
+	pos      []int32
+	rank, of int
+}
+
+// has reports whether backend i is in the lane.
+func (l lane) has(i int) bool {
+	return l.of == 0 || (i < len(l.pos) && int(l.pos[i])%l.of == l.rank)
+}
+
+// lane returns this replica's lane among the replicas it hears
+// (KVRouteConfig.Lanes), or every backend when it hears none.
+func (p *KVRoute) lane() lane {
+	self, others := p.cfg.Lanes()
+	pos := p.lanePos.Load()
+	if len(others) == 0 || pos == nil {
+		return lane{}
+	}
+	rank := 0
+	for _, o := range others {
+		if o < self {
+			rank++
+		}
+	}
+	return lane{pos: *pos, rank: rank, of: len(others) + 1}
 }
 
 // setLanes numbers the backends in the order of their addresses' hashes

@@ -103,7 +103,7 @@ func TestPrunerWeighsPeers(t *testing.T) {
 	least := func() []int32 {
 		p.prune.mu.Lock()
 		defer p.prune.mu.Unlock()
-		return p.prune.least(nil, bs, p.prune.positions("", bs), 1)
+		return p.prune.least(nil, bs, p.prune.positions("", bs), lane{}, 1)
 	}
 	if got := least(); len(got) != 1 || got[0] == 1 {
 		t.Errorf("no reports: least loaded %v, want an idle one", got)
@@ -416,5 +416,24 @@ func TestBurstyTrafficKeepsToTheLane(t *testing.T) {
 		if one, lane := q.mode(at); !one || lane {
 			t.Fatalf("picks 10 ms apart: as one router %v, in its lane %v; want as one router", one, lane)
 		}
+	}
+}
+
+// In a burst a pruned pick looks for the least loaded within its lane:
+// among the fleet's least loaded it would find few of its own.
+func TestPrunerLeastKeepsToTheLane(t *testing.T) {
+	bs := []*fleet.Backend{fleet.NewBackend(0, "a", nil), fleet.NewBackend(1, "b", nil), fleet.NewBackend(2, "c", nil), fleet.NewBackend(3, "d", nil)}
+	p := NewKVRoute(bs, KVRouteConfig{})
+	bs[1].Start(10, 10)
+	bs[3].Start(10, 10)
+	p.prune.mu.Lock()
+	defer p.prune.mu.Unlock()
+	at := p.prune.positions("", bs)
+	if got := p.prune.least(nil, bs, at, lane{}, 2); !slices.Equal(got, []int32{0, 2}) {
+		t.Errorf("no lane: least loaded %v, want the idle a and c", got)
+	}
+	odd := lane{pos: []int32{0, 1, 2, 3}, rank: 1, of: 2}
+	if got := p.prune.least(nil, bs, at, odd, 2); !slices.Equal(got, []int32{1, 3}) {
+		t.Errorf("lane of b and d: least loaded %v, want b and d", got)
 	}
 }
