@@ -31,8 +31,10 @@ type kvCache struct {
 	ring       []int32
 	mask       uint32
 	head, tail uint32
-	free       int
-	published  blockIndex // block hash → block
+	// compactions counts the times grow dropped stale entries (tests).
+	compactions int
+	free        int
+	published   blockIndex // block hash → block
 	// found are the blocks the last lookup found, for take.
 	found []int32
 	// evicted, when set, hears the hash of every published block that
@@ -101,9 +103,28 @@ func (c *kvCache) popHead() int32 {
 	}
 }
 
-// grow doubles the ring, its entries keeping their numbers (and the
-// blocks their pos).
+// grow makes room in a full ring. When stale entries are half of it or
+// more, it drops them, the others keeping their order (renumbered from
+// head, as their blocks' pos): else the ring would grow with every prefix
+// hit on a free block until allocations reach its entry, which on a hot
+// prefix and a large, little-evicted cache is without bound. Else it
+// doubles the ring, its entries keeping their numbers. Either way it
+// costs the ring's length once per at least half as many pushes.
 func (c *kvCache) grow() {
+	if int(c.tail-c.head)-c.free >= len(c.ring)/2 {
+		w := c.head
+		for s := c.head; s != c.tail; s++ {
+			b := c.ring[s&c.mask]
+			if k := &c.blocks[b]; k.ref == 0 && k.pos == s {
+				c.ring[w&c.mask] = b // w ≤ s: read before overwritten
+				k.pos = w
+				w++
+			}
+		}
+		c.tail = w
+		c.compactions++
+		return
+	}
 	ring := make([]int32, 2*len(c.ring))
 	mask := uint32(len(ring) - 1)
 	for s := c.head; s != c.tail; s++ {

@@ -272,3 +272,37 @@ func checkAgainstReference(t *testing.T, blockSize int, seed uint64) {
 		t.Fatalf("only %d evictions: the test does not exercise the queue", len(evicted))
 	}
 }
+
+// A hot block on a cache that never fills: every hit on it while free
+// leaves a stale entry that no allocation reaches. The ring drops them
+// instead of growing with every hit, and the queue keeps its order.
+func TestRingDropsStaleEntries(t *testing.T) {
+	const blocks, hot = 64, 5
+	c := newKVCache(blocks, 16)
+	size := len(c.ring)
+	for range 100_000 {
+		c.unlink(hot) // a hit: held, its entry stale
+		c.blocks[hot].ref = 1
+		c.blocks[hot].ref = 0 // released: freed again, the newest
+		c.pushTail(hot)
+	}
+	if len(c.ring) > 2*size || c.compactions == 0 {
+		t.Fatalf("ring of %d entries (from %d), %d compactions: want it bounded by dropping stale entries", len(c.ring), size, c.compactions)
+	}
+	var got []int32
+	for c.free > 0 {
+		b := c.popHead()
+		c.blocks[b].ref = 1
+		got = append(got, b)
+	}
+	var want []int32
+	for b := range int32(blocks) {
+		if b != hot {
+			want = append(want, b)
+		}
+	}
+	want = append(want, hot)
+	if !slices.Equal(got, want) {
+		t.Errorf("free queue order %v, want %v", got, want)
+	}
+}
