@@ -277,37 +277,17 @@ func (t *leanTransport) conn(ctx context.Context, key string) (*leanConn, error)
 		close: func() { nc.Close() }}, nil
 }
 
-// The buffers of connections closed, for the next ones dialled: clients
-// that come back after a lull find the idle connections expired, and each
-// new one would otherwise allocate its two buffers (16 KB with
-// NewTransport) in a burst that brings the next garbage collection closer.
-var leanReaders, leanWriters sync.Pool
+func newLeanReader(nc net.Conn, size int) *bufio.Reader { return bufio.NewReaderSize(nc, size) }
 
-func newLeanReader(nc net.Conn, size int) *bufio.Reader {
-	if br, ok := leanReaders.Get().(*bufio.Reader); ok && br.Size() == size {
-		br.Reset(nc)
-		return br
-	}
-	return bufio.NewReaderSize(nc, size)
-}
+func newLeanWriter(nc net.Conn, size int) *bufio.Writer { return bufio.NewWriterSize(nc, size) }
 
-func newLeanWriter(nc net.Conn, size int) *bufio.Writer {
-	if bw, ok := leanWriters.Get().(*bufio.Writer); ok && bw.Size() == size {
-		bw.Reset(nc)
-		return bw
-	}
-	return bufio.NewWriterSize(nc, size)
-}
-
-// discard closes c, which no one else reads or writes (idle in the pool, or
-// its response done with), and gives its buffers to the next connection.
+// discard closes c. Its buffers are not given to the next connection: a
+// CI run hung with 156 requests waiting for their answers' first byte on the
+// lean path after the buffers were pooled (a connection released twice
+// would hand one buffer to two connections), and the cause was not found
+// in time, so the pool waits until it is.
 func (c *leanConn) discard() {
 	c.nc.Close()
-	c.br.Reset(nil)
-	c.bw.Reset(nil)
-	leanReaders.Put(c.br)
-	leanWriters.Put(c.bw)
-	c.br, c.bw = nil, nil
 }
 
 // get takes the most recently used idle connection to key that has not
