@@ -20,6 +20,7 @@ type kvEventsConfig struct {
 	topic            string
 	replayTimeout    time.Duration
 	retry            time.Duration
+	probe            time.Duration
 	tokenizeTimeout  time.Duration
 	tokenizeCache    int
 }
@@ -32,6 +33,7 @@ func (c *kvEventsConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.topic, "kv-events-topic", "", "topic of the engines' KV event messages (vLLM's kv_events_config topic; empty: any)")
 	fs.DurationVar(&c.replayTimeout, "kv-events-replay-timeout", kvevents.DefaultReplayTimeout, "limit of one replay request for missed KV event batches")
 	fs.DurationVar(&c.retry, "kv-events-retry", kvevents.DefaultRetry, "wait before reconnecting to an engine's KV event socket")
+	fs.DurationVar(&c.probe, "kv-events-probe", kvevents.DefaultProbe, "after this long without a KV event batch from an engine, ask its replay socket for any batch past the last one applied (a batch lost just before a lull is otherwise missed until the next arrives); 0: never")
 	fs.DurationVar(&c.tokenizeTimeout, "kv-events-tokenize-timeout", follow.DefaultTokenizeTimeout, "limit of a backend /tokenize call for a prompt's token ids (past it the prefix index decides)")
 	fs.IntVar(&c.tokenizeCache, "kv-events-tokenize-cache", follow.DefaultTokenizeCache, "prompts whose token ids are kept")
 }
@@ -50,8 +52,15 @@ func (c *kvEventsConfig) config(client *http.Client) (*follow.FollowConfig, erro
 	if c.replayTimeout <= 0 || c.retry <= 0 || c.tokenizeTimeout <= 0 || c.tokenizeCache <= 0 {
 		return nil, fmt.Errorf("the --kv-events-* timeouts, retry and cache must be positive")
 	}
+	if c.probe < 0 {
+		return nil, fmt.Errorf("--kv-events-probe must not be negative (0: never)")
+	}
+	probe := c.probe
+	if probe == 0 {
+		probe = -1 // the subscriber's "never"; its 0 is the default
+	}
 	fc := &follow.FollowConfig{Port: c.port, ReplayPort: c.replayPort, Topic: c.topic, Listen: c.listen,
-		ReplayTimeout: c.replayTimeout, Retry: c.retry, Endpoints: map[string]kvevents.Source{},
+		ReplayTimeout: c.replayTimeout, Retry: c.retry, Probe: probe, Endpoints: map[string]kvevents.Source{},
 		Tokenizer: follow.NewTokenizer(client, c.tokenizeTimeout, c.tokenizeCache)}
 	for _, e := range c.endpoints {
 		name, src, err := follow.ParseEndpoint(e)

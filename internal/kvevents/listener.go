@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 )
@@ -55,23 +56,62 @@ func (l *Listener) Addr() net.Addr { return l.sub.Addr() }
 func (l *Listener) Run(ctx context.Context) {
 	defer l.sub.Close()
 	l.log.Info("kv events: listening", "endpoint", l.endpoint)
-	for {
-		msg, err := l.sub.Recv()
-		if err != nil {
-			if ctx.Err() != nil {
+	msgs := make(chan zmq4.Msg)
+	go func() {
+		for {
+			msg, err := l.sub.Recv()
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				continue // one engine's connection failed; the others go on
+			}
+			select {
+			case msgs <- msg:
+			case <-ctx.Done():
 				return
 			}
-			continue // one engine's connection failed; the others go on
 		}
-		if len(msg.Frames) == 0 {
-			continue
-		}
-		if s := l.stream(string(msg.Frames[0])); s != nil {
-			if err := s.handle(ctx, msg.Frames); err != nil {
-				l.log.Warn("kv events: bad message", "topic", string(msg.Frames[0]), "err", err)
+	}()
+	// Each stream's quiet spell, checked a few times the shortest.
+	var lulls <-chan time.Time
+	if probe := l.probe(); probe > 0 {
+		t := time.NewTicker(probe / 4)
+		defer t.Stop()
+		lulls = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-lulls:
+			for _, s := range l.streams {
+				if s.now().Sub(s.heard) >= s.wait {
+					s.probeTail(ctx)
+				}
+			}
+		case msg := <-msgs:
+			if len(msg.Frames) == 0 {
+				continue
+			}
+			if s := l.stream(string(msg.Frames[0])); s != nil {
+				if err := s.handle(ctx, msg.Frames); err != nil {
+					l.log.Warn("kv events: bad message", "topic", string(msg.Frames[0]), "err", err)
+				}
 			}
 		}
 	}
+}
+
+// probe is the streams' quiet spell; 0: they are not probed.
+func (l *Listener) probe() time.Duration {
+	switch {
+	case l.opts.Probe < 0:
+		return 0
+	case l.opts.Probe == 0:
+		return DefaultProbe
+	}
+	return l.opts.Probe
 }
 
 // stream returns the stream of topic's engine, a new one for an engine

@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"testing"
+	"time"
 )
 
 func TestReplayFrames(t *testing.T) {
@@ -43,19 +44,26 @@ func TestTopicHost(t *testing.T) {
 
 // TestListenerOverZMQ binds a listener that two engines connect to, as
 // llm-d's simulators do, each naming itself in its topic: each engine's
-// batches reach its own backend's state, an unknown engine's are dropped.
+// batches reach its own backend's state, an unknown engine's are dropped,
+// and a batch lost before a lull is recovered from the engine's replay
+// socket.
 func TestListenerOverZMQ(t *testing.T) {
 	store := NewStore(KeyTokens)
 	ctx, cancel := context.WithCancel(context.Background())
+	var replayA string // engine a's replay socket, bound below
 	resolve := func(topic string) (Source, bool) {
 		host, ok := TopicHost(topic)
 		idx := map[string]int{"a": 0, "b": 1}[host]
 		if !ok || (host != "a" && host != "b") {
 			return Source{}, false
 		}
-		return Source{Backend: idx, Name: host, Topic: topic}, true
+		src := Source{Backend: idx, Name: host, Topic: topic}
+		if host == "a" {
+			src.Replay = replayA
+		}
+		return src, true
 	}
-	l, err := Listen(ctx, "tcp://127.0.0.1:0", resolve, store, SubscriberOptions{})
+	l, err := Listen(ctx, "tcp://127.0.0.1:0", resolve, store, SubscriberOptions{Probe: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,12 +73,19 @@ func TestListenerOverZMQ(t *testing.T) {
 
 	pubs := map[string]*Publisher{}
 	for _, host := range []string{"a", "b", "stranger"} {
-		p, err := NewPublisher(PublisherConfig{Endpoint: "tcp://" + l.Addr().String(), Connect: true, Topic: "kv@" + host + "@m"})
+		cfg := PublisherConfig{Endpoint: "tcp://" + l.Addr().String(), Connect: true, Topic: "kv@" + host + "@m"}
+		if host == "a" {
+			cfg.Replay = "tcp://127.0.0.1:0"
+		}
+		p, err := NewPublisher(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer p.Close()
 		pubs[host] = p
+		if host == "a" {
+			replayA = "tcp://" + p.ReplayAddr().String()
+		}
 	}
 	// Publish until both have arrived: the first messages may go before
 	// the connection is up (then the state is partial, as it should be).
@@ -85,4 +100,6 @@ func TestListenerOverZMQ(t *testing.T) {
 	if st, _ := store.Status(2); st != Unknown {
 		t.Fatalf("a stranger's engine got state %v", st)
 	}
+	pubs["a"].Lose(Batch{Events: []Event{block(110, 100, 3, 4)}})
+	waitFor(t, "engine a's lost last block, by the probe", func() bool { return store.Blocks(0, MediumGPU) == 2 })
 }

@@ -13,6 +13,7 @@ type Metrics struct {
 	gaps     *prometheus.CounterVec
 	replayed *prometheus.CounterVec
 	resets   *prometheus.CounterVec
+	probes   *prometheus.CounterVec
 	lag      *prometheus.GaugeVec
 	state    *prometheus.GaugeVec
 	blocks   *prometheus.GaugeVec
@@ -33,11 +34,12 @@ func NewMetrics() *Metrics {
 		gaps:     counter("kvroute_kv_event_gaps_total", "Missed sequence numbers detected on the backend's KV event stream."),
 		replayed: counter("kvroute_kv_event_replayed_total", "KV event batches recovered from the backend's replay socket."),
 		resets:   counter("kvroute_kv_event_resets_total", "Times the backend's block state was dropped, by reason (connect, restart, gap).", "reason"),
+		probes:   counter("kvroute_kv_event_probes_total", "Replay requests after a quiet spell (--kv-events-probe), by result: current (nothing missed), recovered (lost batches replayed), gap (the replay had a hole: state reset to partial).", "result"),
 		lag:      gauge("kvroute_kv_event_lag_seconds", "Seconds between the engine publishing the latest batch and the router applying it."),
 		state:    gauge("kvroute_kv_event_state", "How far the backend's block state is trusted: 0 unknown (the index decides), 1 partial, 2 exact."),
 		blocks:   gauge("kvroute_kv_event_blocks", "Blocks the backend's engine holds, by medium, as its events say.", "medium"),
 	}
-	m.all = []prometheus.Collector{m.batches, m.events, m.gaps, m.replayed, m.resets, m.lag, m.state, m.blocks}
+	m.all = []prometheus.Collector{m.batches, m.events, m.gaps, m.replayed, m.resets, m.probes, m.lag, m.state, m.blocks}
 	return m
 }
 
@@ -81,6 +83,12 @@ func (m *Metrics) reset(backend, reason string) {
 	}
 }
 
+func (m *Metrics) probe(backend, result string) {
+	if m != nil {
+		m.probes.WithLabelValues(backend, result).Inc()
+	}
+}
+
 func (m *Metrics) status(backend string, st State, gpu, cpu int) {
 	if m == nil {
 		return
@@ -95,7 +103,7 @@ func (m *Metrics) Forget(backend string) {
 	if m == nil {
 		return
 	}
-	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.batches, m.events, m.gaps, m.replayed, m.resets, m.lag, m.state, m.blocks} {
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.batches, m.events, m.gaps, m.replayed, m.resets, m.probes, m.lag, m.state, m.blocks} {
 		v.DeletePartialMatch(prometheus.Labels{"backend": backend})
 	}
 }

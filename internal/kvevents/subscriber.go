@@ -20,6 +20,21 @@ const (
 	// DefaultRetry is the wait before reconnecting to a publisher that is
 	// down or restarting.
 	DefaultRetry = time.Second
+	// DefaultProbe is the quiet spell after which the replay socket is
+	// asked for anything past the last batch applied, then again after
+	// twice as long, and so on up to maxProbe. A lost batch is noticed
+	// when the next one arrives; the last one before a lull (published
+	// while a new subscription was still reaching the engine, or dropped
+	// past the PUB socket's high-water mark) would otherwise stay missing
+	// until traffic resumes, and a router would price the first requests
+	// after the lull on a stale cache. A second is longer than the gap
+	// between batches of an engine under load, so a busy engine is never
+	// probed and an idle one a few times a minute at most.
+	DefaultProbe = time.Second
+	// maxProbe caps the doubling of the quiet spell between probes
+	// (unless the probe itself is longer): a batch lost in a long lull is
+	// found within a minute.
+	maxProbe = time.Minute
 )
 
 // Source is one backend's KV event stream (vLLM's --kv-events-config:
@@ -47,6 +62,7 @@ type Subscriber struct {
 	log           *slog.Logger
 	replayTimeout time.Duration
 	retry         time.Duration
+	probe         time.Duration
 	now           func() time.Time
 
 	// last is the sequence number of the last batch applied, -1 before
@@ -55,14 +71,22 @@ type Subscriber struct {
 	// restart.
 	last        int64
 	afterReplay bool
+	// heard is when the last batch came or the last probe was made;
+	// wait is the quiet spell from then before the next probe.
+	heard time.Time
+	wait  time.Duration
 }
 
 // SubscriberOptions tune a Subscriber; zero values take the defaults.
 type SubscriberOptions struct {
 	ReplayTimeout time.Duration
 	Retry         time.Duration
-	Metrics       *Metrics
-	Log           *slog.Logger
+	// Probe is the quiet spell after which the replay socket is asked
+	// for batches past the last one applied (DefaultProbe); negative:
+	// never.
+	Probe   time.Duration
+	Metrics *Metrics
+	Log     *slog.Logger
 	// Now is the clock the lag is measured by; nil means time.Now.
 	Now func() time.Time
 }
@@ -70,13 +94,17 @@ type SubscriberOptions struct {
 // NewSubscriber returns a subscriber of src feeding store.
 func NewSubscriber(src Source, store *Store, o SubscriberOptions) *Subscriber {
 	s := &Subscriber{src: src, store: store, metrics: o.Metrics, log: o.Log, now: o.Now,
-		replayTimeout: o.ReplayTimeout, retry: o.Retry, last: -1}
+		replayTimeout: o.ReplayTimeout, retry: o.Retry, probe: o.Probe, last: -1}
 	if s.replayTimeout <= 0 {
 		s.replayTimeout = DefaultReplayTimeout
 	}
 	if s.retry <= 0 {
 		s.retry = DefaultRetry
 	}
+	if s.probe == 0 {
+		s.probe = DefaultProbe
+	}
+	s.wait = s.probe
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -139,13 +167,45 @@ func (s *Subscriber) session(ctx context.Context) (bool, error) {
 		s.catchUp(ctx, 0, -1)
 	}
 	s.log.Info("kv events: connected", "state", s.state())
-	for {
-		msg, err := sub.Recv()
-		if err != nil {
-			return true, err
+	s.heard, s.wait = s.now(), s.probe
+	msgs, failed := make(chan zmq4.Msg), make(chan error, 1)
+	go func() {
+		for {
+			msg, err := sub.Recv()
+			if err != nil {
+				failed <- err
+				return
+			}
+			select {
+			case msgs <- msg:
+			case <-ctx.Done():
+				return
+			}
 		}
-		if err := s.handle(ctx, msg.Frames); err != nil {
-			s.log.Warn("kv events: bad message", "err", err)
+	}()
+	var lull <-chan time.Time
+	var t *time.Timer
+	if s.probe > 0 && s.src.Replay != "" {
+		t = time.NewTimer(s.probe)
+		defer t.Stop()
+		lull = t.C
+	}
+	for {
+		select {
+		case msg := <-msgs:
+			if err := s.handle(ctx, msg.Frames); err != nil {
+				s.log.Warn("kv events: bad message", "err", err)
+			}
+			if t != nil {
+				t.Reset(s.wait)
+			}
+		case <-lull:
+			s.probeTail(ctx)
+			t.Reset(s.wait)
+		case err := <-failed:
+			return true, err
+		case <-ctx.Done():
+			return true, ctx.Err()
 		}
 	}
 }
@@ -168,6 +228,7 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte) error {
 		s.last = -1
 	}
 	s.afterReplay = false
+	s.heard, s.wait = s.now(), s.probe
 	if seq > s.last+1 {
 		s.recover(ctx, seq)
 	}
@@ -200,6 +261,36 @@ func (s *Subscriber) recover(ctx context.Context, seq int64) {
 	}
 	s.store.Reset(s.src.Backend, Partial)
 	s.last = seq - 1
+}
+
+// probeTail asks the replay socket for the batches past the last one
+// applied, after a quiet spell (see DefaultProbe). Batches after a hole in
+// the replay reset the state to partial, as a live gap does.
+func (s *Subscriber) probeTail(ctx context.Context) {
+	if s.src.Replay == "" {
+		return
+	}
+	defer func() { s.heard, s.wait = s.now(), min(2*s.wait, max(s.probe, maxProbe)) }()
+	last, after := s.last, s.afterReplay
+	whole := s.catchUp(ctx, last+1, -1)
+	switch {
+	case s.last == last:
+		// Nothing was missing (or the replay failed, logged): no live
+		// batch is a duplicate of a replayed one.
+		s.afterReplay = after
+		s.metrics.probe(s.src.Name, "current")
+	case whole:
+		s.log.Info("kv events: recovered batches lost before a quiet spell", "from", last+1, "to", s.last)
+		s.metrics.probe(s.src.Name, "recovered")
+	default:
+		s.metrics.probe(s.src.Name, "gap")
+		if last >= 0 {
+			s.log.Info("kv events: gap", "from", last+1, "upto", s.last)
+			s.metrics.reset(s.src.Name, "gap")
+			s.store.Reset(s.src.Backend, Partial)
+		}
+	}
+	s.status()
 }
 
 // apply applies batch seq to the store.
@@ -301,8 +392,9 @@ func (s *Subscriber) catchUp(ctx context.Context, from, upto int64) bool {
 	s.afterReplay = true
 	if upto < 0 {
 		// The whole buffer: from the engine's first batch (or it has
-		// published none: its cache is empty).
-		if whole && (from == 0 || next > from) {
+		// published none: its cache is empty). From a later batch (a
+		// probe), the state stays what it was.
+		if whole && from == 0 {
 			s.store.SetState(s.src.Backend, Exact)
 		}
 		if next == from && from == 0 {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // waitFor polls cond until it holds: the subscriber runs on real sockets,
@@ -94,5 +96,47 @@ func TestSubscriberOverZMQ(t *testing.T) {
 	})
 	if n := store.Blocks(0, MediumGPU); n != 1 {
 		t.Fatalf("after the restart the store holds %d blocks, want 1 (the old ones cleared)", n)
+	}
+}
+
+// TestProbeRecoversTheLastBatch loses the last batch before a lull, as
+// ZMQ's late joiner or the PUB socket's high-water mark does: no later
+// batch reveals the gap, so only the probe after the quiet spell recovers
+// it from the replay socket. A lull with nothing missing changes nothing.
+func TestProbeRecoversTheLastBatch(t *testing.T) {
+	pub := startPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
+	defer pub.Close()
+	store, m := NewStore(KeyTokens), NewMetrics()
+	ctx, cancel := context.WithCancel(context.Background())
+	sub := NewSubscriber(Source{Backend: 0, Name: "b0", Endpoint: "tcp://" + pub.Addr().String(),
+		Replay: "tcp://" + pub.ReplayAddr().String(), Topic: "kv@"}, store,
+		SubscriberOptions{Retry: 20 * time.Millisecond, Probe: 20 * time.Millisecond, Metrics: m})
+	done := make(chan struct{})
+	go func() { sub.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	// Live batches until one arrives (the subscription may still be on
+	// its way; a lost one is recovered either way).
+	waitFor(t, "a live batch", func() bool {
+		if _, err := pub.Publish(Batch{TS: 1}); err != nil {
+			t.Fatal(err)
+		}
+		return testutil.ToFloat64(m.batches.WithLabelValues("b0")) > testutil.ToFloat64(m.replayed.WithLabelValues("b0"))
+	})
+	if _, err := pub.Publish(Batch{TS: 1, Events: []Event{block(11, 0, 1, 2)}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first block", func() bool { return store.Blocks(0, MediumGPU) == 1 })
+	waitFor(t, "a probe of a lull with nothing missed", func() bool {
+		return testutil.ToFloat64(m.probes.WithLabelValues("b0", "current")) > 0
+	})
+
+	pub.Lose(Batch{TS: 1, Events: []Event{block(12, 11, 3, 4)}})
+	waitFor(t, "the lost last block, by the probe", func() bool { return store.Blocks(0, MediumGPU) == 2 })
+	if st, _ := store.Status(0); st != Exact {
+		t.Fatalf("state %v after the recovery, want exact", st)
+	}
+	if got := testutil.ToFloat64(m.probes.WithLabelValues("b0", "recovered")); got != 1 {
+		t.Fatalf("%v probes recovered batches, want 1", got)
 	}
 }

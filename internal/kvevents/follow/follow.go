@@ -38,8 +38,9 @@ type FollowConfig struct {
 	Listen string
 	// Topic is the engines' topic ("" matches every topic).
 	Topic string
-	// ReplayTimeout and Retry tune the subscribers (defaults above).
-	ReplayTimeout, Retry time.Duration
+	// ReplayTimeout, Retry and Probe tune the subscribers (see
+	// kvevents.SubscriberOptions).
+	ReplayTimeout, Retry, Probe time.Duration
 	// Tokenizer gets the requests' token ids; nil: NewTokenizer's defaults.
 	Tokenizer *Tokenizer
 	// Metrics counts the events; nil counts nothing.
@@ -129,7 +130,7 @@ func (f *Follower) Start(ctx context.Context, backends []*fleet.Backend) {
 }
 
 func (f *Follower) subscriberOptions() kvevents.SubscriberOptions {
-	return kvevents.SubscriberOptions{ReplayTimeout: f.cfg.ReplayTimeout, Retry: f.cfg.Retry, Metrics: f.cfg.Metrics, Log: f.log}
+	return kvevents.SubscriberOptions{ReplayTimeout: f.cfg.ReplayTimeout, Retry: f.cfg.Retry, Probe: f.cfg.Probe, Metrics: f.cfg.Metrics, Log: f.log}
 }
 
 // resolve returns the source of the engine publishing on topic, to Listen:
