@@ -108,6 +108,10 @@ type Poller struct {
 	self    map[string]bool           // addresses that are this replica
 	wg      sync.WaitGroup            // the streams' goroutines
 
+	// replicas is the other replicas' names, sorted, as of the last
+	// applyAll: read on every pick in a burst, without the lock.
+	replicas atomic.Pointer[[]string]
+
 	polls      *prometheus.CounterVec
 	fresh      prometheus.Gauge
 	streaming  prometheus.Gauge
@@ -308,6 +312,16 @@ func (p *Poller) applyAll() {
 		}
 	}
 	p.fresh.Set(float64(peers))
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		if id != "" {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	if old := p.replicas.Load(); old == nil || !slices.Equal(*old, ids) {
+		p.replicas.Store(&ids)
+	}
 	bs := p.backends()
 	p.index = make(map[string]*fleet.Backend, len(bs))
 	for _, b := range bs {
@@ -323,23 +337,17 @@ func (p *Poller) applyAll() {
 	}
 }
 
-// Replicas returns the names of the other replicas whose counts count now
-// (their reports' Replica), sorted. With this replica's own name they are
-// what a burst's lanes are split by (router.KVRouteConfig.Lanes), the
-// same for every replica that hears the same peers.
+// Replicas returns the names of the other replicas whose counts count
+// (their reports' Replica), sorted, as of the last tick or connected
+// stream: a peer gone silent leaves them within an Interval of MaxAge.
+// With this replica's own name they are what a burst's lanes are split by
+// (router.KVRouteConfig.Lanes), the same for every replica that hears the
+// same peers. The slice is shared: the caller must not change it.
 func (p *Poller) Replicas() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := p.o.Now()
-	var ids []string
-	for _, h := range p.heard {
-		if (!h.live && now.Sub(h.at) > p.o.MaxAge) || h.report.Replica == p.id || h.report.Replica == "" || slices.Contains(ids, h.report.Replica) {
-			continue
-		}
-		ids = append(ids, h.report.Replica)
+	if ids := p.replicas.Load(); ids != nil {
+		return *ids
 	}
-	slices.Sort(ids)
-	return ids
+	return nil
 }
 
 // Validate checks the peers' syntax, for a clear error at start-up.
