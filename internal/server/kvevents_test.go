@@ -86,6 +86,12 @@ func routeAndSend(t *testing.T, s *Server, body string) (predicted, reported int
 	return tk.Cached, got
 }
 
+// patientTokenizer waits for /tokenize as long as it takes. These tests
+// measure the matching, not its latency: with the default 50 ms a CI
+// machine under load (and the race detector) let some calls time out, and
+// the index, not the events, decided those requests.
+func patientTokenizer() *follow.Tokenizer { return follow.NewTokenizer(nil, 10*time.Second, 0) }
+
 // TestKVEventsThroughTheServer runs kvroute serve's server over emulators
 // that publish KV events: after conversations through the proxy, each
 // backend's event state is exact and holds the engine's own count of
@@ -107,7 +113,7 @@ func TestKVEventsThroughTheServer(t *testing.T) {
 		Backends: bs, Policy: "kvroute", Listen: "127.0.0.1:0", DrainDelay: -1, Grace: 5 * time.Second,
 		Fleet:    fleet.Options{HealthInterval: 100 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond, Timeout: time.Second},
 		Logger:   testLogger(t),
-		KVEvents: &follow.FollowConfig{Endpoints: endpoints, Topic: "kv", Retry: 50 * time.Millisecond},
+		KVEvents: &follow.FollowConfig{Endpoints: endpoints, Topic: "kv", Retry: 50 * time.Millisecond, Tokenizer: patientTokenizer()},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -182,7 +188,7 @@ func TestKVEventsLivePrediction(t *testing.T) {
 			Fleet:  fleet.Options{HealthInterval: 100 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond, Timeout: time.Second},
 			Logger: testLogger(t), Router: router.Options{Seed: 1}}
 		if events {
-			cfg.KVEvents = &follow.FollowConfig{Endpoints: endpoints, Topic: "kv", Retry: 50 * time.Millisecond}
+			cfg.KVEvents = &follow.FollowConfig{Endpoints: endpoints, Topic: "kv", Retry: 50 * time.Millisecond, Tokenizer: patientTokenizer()}
 		}
 		s, err := Start(context.Background(), cfg)
 		if err != nil {
