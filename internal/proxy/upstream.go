@@ -63,6 +63,9 @@ type leanConn struct {
 	// idle.
 	reused    bool
 	idleSince time.Time
+	// inq is whether the socket's reads tell what it still holds
+	// (push_linux.go): inqUntried until a push first reads it.
+	inq int8
 }
 
 // newLeanTransport returns the lean path in front of std, or nil when std is
