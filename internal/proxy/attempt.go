@@ -364,10 +364,16 @@ const (
 )
 
 func newWatchdog(cancel context.CancelCauseFunc) *watchdog {
-	w := &watchdog{cancel: cancel, base: time.Now()}
+	w := new(watchdog)
+	w.init(cancel)
+	return w
+}
+
+// init readies a zero watchdog, stopped.
+func (w *watchdog) init(cancel context.CancelCauseFunc) {
+	w.cancel, w.base = cancel, time.Now()
 	w.timer = time.AfterFunc(time.Hour, w.fire)
 	w.timer.Stop()
-	return w
 }
 
 // fire runs when the timer passes.
@@ -431,7 +437,8 @@ func (ir idleReader) push(s byteSink) (bool, error) {
 	if !ok {
 		return false, nil
 	}
-	return p.push(idleSink{s: s, a: ir.a})
+	ir.a.sink = idleSink{s: s, a: ir.a} // in the attempt: boxed on its own, it would be allocated
+	return p.push(&ir.a.sink)
 }
 
 // idleSink is idleReader's sink.
@@ -508,7 +515,11 @@ func (h *heldWriter) Unwrap() http.ResponseWriter { return h.ResponseWriter }
 // retryAfter reads a Retry-After header in seconds (the form inference
 // servers use); 0 when absent or not a number.
 func retryAfter(h http.Header) time.Duration {
-	s, err := strconv.Atoi(strings.TrimSpace(h.Get("Retry-After")))
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0 // and no error of Atoi's to allocate, as nearly every response
+	}
+	s, err := strconv.Atoi(v)
 	if err != nil || s <= 0 {
 		return 0
 	}

@@ -17,11 +17,20 @@ import (
 // finish records everything and finishes the ticket; the prefill part of
 // the load is released at the first token.
 type attempt struct {
-	p     *Proxy
-	c     *call
-	t     *router.Ticket
-	wd    *watchdog
-	start time.Time
+	p  *Proxy
+	c  *call
+	t  *router.Ticket
+	wd *watchdog // &dog
+	// cancel ends the attempt's upstream request, with its cause.
+	cancel context.CancelCauseFunc
+	start  time.Time
+	// The parts of the copy, allocated with the attempt rather than each
+	// on its own.
+	dog  watchdog
+	hw   heldWriter
+	sc   eventScanner
+	body idleReader
+	sink idleSink
 	// first is set at the first token; complete when the response was
 	// copied to its end.
 	first, complete bool
@@ -52,8 +61,12 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	// read fails at once), at the watchdog's deadlines, and at shutdown.
 	ctx, cancel := context.WithCancelCause(a.traceStart(r.Context())) // tracing.go: the attempt's span
 	defer cancel(nil)
-	defer context.AfterFunc(p.stopShard(), func() { cancel(errShutdown) })()
-	a.wd = newWatchdog(cancel)
+	a.cancel = cancel
+	stop := p.stopShard()
+	stop.add(a)
+	defer stop.remove(a)
+	a.wd = &a.dog
+	a.dog.init(cancel)
 	defer a.wd.stop()
 	defer p.retried(c)
 	a.wd.firstToken(p.firstTokenDeadline(c, t))
@@ -96,7 +109,8 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 		return &failure{kind: "status", status: res.StatusCode, retryAfter: wait}, false
 	}
 	a.status = statusLabel(res.StatusCode)
-	hw := &heldWriter{ResponseWriter: w, status: res.StatusCode, header: res.Header, onSend: func() { p.retried(c) }}
+	a.hw = heldWriter{ResponseWriter: w, status: res.StatusCode, header: res.Header, onSend: func() { p.retried(c) }}
+	hw := &a.hw
 	p.setRouteHeaders(w, &t.Decision)
 	stream, announced := responseHeaders(res)
 	if res.StatusCode/100 != 2 || res.ContentLength == 0 {
@@ -104,10 +118,12 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	}
 
 	var readErr, writeErr error
-	body := idleReader{r: res.Body, a: a}
+	a.body = idleReader{r: res.Body, a: a}
+	body := &a.body
 	if stream {
-		sc := eventScanner{hideUsage: c.hideUsage}
-		readErr, writeErr = copyEvents(hw, body, &sc, a.firstToken)
+		a.sc = eventScanner{hideUsage: c.hideUsage}
+		sc := &a.sc
+		readErr, writeErr = copyEvents(hw, body, sc, a.firstToken)
 		a.out.Tokens, a.out.ResponseID = sc.tokens, sc.responseID
 		if sc.sawUsage {
 			a.setUsage(sc.usage)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"strconv"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -92,7 +93,9 @@ func parseGeneration(ep endpoint, body []byte, session string) (*generation, *ap
 	if e != nil {
 		return nil, e
 	}
-	g.req.Prompt = string(dst)
+	// dst is not written again: the prompt is its bytes, not a copy of them
+	// (as strings.Builder makes its string).
+	g.req.Prompt = unsafe.String(unsafe.SliceData(dst), len(dst))
 
 	if ep != endpointResponses {
 		previous = nil // not a member of chat or completion requests

@@ -195,7 +195,7 @@ func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response, body io.Re
 		}()
 	}
 	flushEach := res.ContentLength < 0
-	rc := http.NewResponseController(w)
+	rc := flusherOf(w)
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
@@ -238,13 +238,15 @@ func upstreamRequest(ctx context.Context, in *http.Request, b *fleet.Backend, bo
 	u.RawPath = ""
 	u.RawQuery = in.URL.RawQuery
 	u.Fragment = ""
-	var rd io.Reader
+	// As http.NewRequestWithContext makes it, without parsing a URL and
+	// making a header only to replace them; the method was valid on the
+	// way in.
+	out := (&http.Request{Method: in.Method, URL: &u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1}).WithContext(ctx)
 	if len(body) > 0 {
-		rd = bytes.NewReader(body) // sets GetBody: the transport may resend it on a stale connection
+		out.Body, out.ContentLength = newUpstreamBody(body), int64(len(body))
+		// The transport may resend it on a stale connection.
+		out.GetBody = func() (io.ReadCloser, error) { return newUpstreamBody(body), nil }
 	}
-	out, _ := http.NewRequestWithContext(ctx, in.Method, "", rd) // "" parses; the method was valid on the way in
-	out.URL = &u
-	out.Host = ""
 
 	out.Header = in.Header.Clone()
 	removeHopHeaders(out.Header)
@@ -275,6 +277,18 @@ func upstreamRequest(ctx context.Context, in *http.Request, b *fleet.Backend, bo
 	}
 	return out
 }
+
+// upstreamBody is the body of a request to a backend: in memory, which the
+// lean path writes as it is (writeRequest).
+type upstreamBody struct{ bytes.Reader }
+
+func newUpstreamBody(b []byte) *upstreamBody {
+	u := new(upstreamBody)
+	u.Reset(b)
+	return u
+}
+
+func (*upstreamBody) Close() error { return nil }
 
 // joinPath puts the request path under the backend URL's path prefix.
 func joinPath(prefix, path string) string {
@@ -331,8 +345,8 @@ const (
 
 func (p *Proxy) setRouteHeaders(w http.ResponseWriter, d *router.Decision) {
 	h := w.Header()
-	h.Set(HeaderBackend, d.Backend.Name)
-	h.Set(HeaderRoute, d.Reason)
+	vv := []string{d.Backend.Name, d.Reason} // one allocation for both: never appended to
+	h[HeaderBackend], h[HeaderRoute] = vv[:1:1], vv[1:]
 	if p.explain && d.PredictedTTFT > 0 {
 		h.Set(HeaderPredictedCached, strconv.Itoa(d.Cached))
 		h.Set(HeaderPredictedTTFT, strconv.FormatFloat(float64(d.PredictedTTFT)/float64(time.Millisecond), 'f', 1, 64))
@@ -346,4 +360,17 @@ func isEventStream(ct string) bool {
 }
 
 // statusLabel is the requests_total label of an HTTP status.
-func statusLabel(code int) string { return strconv.Itoa(code) }
+func statusLabel(code int) string {
+	if code >= 100 && code < 100+len(statusLabels) {
+		return statusLabels[code-100] // strconv.Itoa would allocate one for every request
+	}
+	return strconv.Itoa(code)
+}
+
+// statusLabels are the labels of statuses 100 to 599.
+var statusLabels = func() (l [500]string) {
+	for i := range l {
+		l[i] = strconv.Itoa(100 + i)
+	}
+	return l
+}()

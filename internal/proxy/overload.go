@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -105,6 +106,9 @@ func (p *Proxy) admitGeneration(w http.ResponseWriter, r *http.Request, e admiss
 		// The client went away while queued.
 		p.metrics.requests.WithLabelValues(noBackend, statusClientClosed, noBackend, p.modelLabel(model)).Inc()
 		return nil, nil, false
+	}
+	if !slices.ContainsFunc(cands, func(b *fleet.Backend) bool { return !p.hasRoom(b) }) {
+		return cands, release, true // as nearly always: no copy to make
 	}
 	room := cands[:0:0]
 	for _, b := range cands {

@@ -16,7 +16,6 @@
 package proxy
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -31,6 +30,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -162,11 +162,11 @@ type Proxy struct {
 	// /readyz answer 503 (Drain).
 	stop    context.Context
 	stopAll context.CancelFunc
-	// stopShards are contexts Stop cancels too, that attempts register on
-	// (by a random pick): each registration takes its context's lock,
-	// which would otherwise be one lock for every attempt of every core.
-	stopShards    [stopShardCount]context.Context
-	stopShardsEnd [stopShardCount]context.CancelFunc
+	// stopShards hold the attempts in flight, which Stop ends; an attempt
+	// registers on one by a random pick: each registration takes its
+	// shard's lock, which would otherwise be one lock for every attempt of
+	// every core.
+	stopShards    [stopShardCount]stopShard
 	draining      atomic.Bool
 	sessionHeader string
 	transport     http.RoundTripper
@@ -200,7 +200,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{
 		fleet:         cfg.Fleet,
 		router:        cfg.Router,
-		sessionHeader: cmp.Or(cfg.SessionHeader, DefaultSessionHeader),
+		sessionHeader: http.CanonicalHeaderKey(cmp.Or(cfg.SessionHeader, DefaultSessionHeader)), // else Header.Get makes it, every request
 		transport:     cfg.Transport,
 		log:           cfg.Logger,
 		now:           cfg.Now,
@@ -234,7 +234,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.budget.ratio, p.budget.min, p.budget.now = p.res.RetryBudget, int64(p.res.RetryBudgetMin), p.now
 	p.stop, p.stopAll = context.WithCancel(context.Background())
 	for i := range p.stopShards {
-		p.stopShards[i], p.stopShardsEnd[i] = context.WithCancel(context.Background())
+		p.stopShards[i].live = make(map[*attempt]struct{}, 64)
 	}
 	p.over = cfg.Overload
 	if p.over.MaxPerBackend == 0 {
@@ -452,13 +452,12 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiEr
 	// deadline is lifted once the body is in (a response may stream for
 	// minutes), and kept when it is not: the connection is then closed
 	// after the answer rather than read on.
-	rc := http.NewResponseController(w)
-	deadline := p.res.BodyReadTimeout > 0 && rc.SetReadDeadline(time.Now().Add(p.res.BodyReadTimeout)) == nil
-	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, p.maxBody))
-	body := buf.Bytes()
+	deadline := p.res.BodyReadTimeout > 0 && setReadDeadline(w, time.Now().Add(p.res.BodyReadTimeout)) == nil
+	// A byte of room past the declared length reads the end without
+	// growing the buffer.
+	body, err := readAll(make([]byte, 0, size+1), http.MaxBytesReader(w, r.Body, p.maxBody))
 	if err == nil && deadline {
-		_ = rc.SetReadDeadline(time.Time{})
+		_ = setReadDeadline(w, time.Time{})
 	}
 	if err != nil {
 		w.Header().Set("Connection", "close")
@@ -472,6 +471,33 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiEr
 		return nil, badRequest("", "could not read request body: %v", err)
 	}
 	return body, nil
+}
+
+// readAll appends what r reads to b until r's end, growing b only when it
+// is full: io.ReadAll with the first buffer given.
+func readAll(b []byte, r io.Reader) ([]byte, error) {
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+}
+
+// setReadDeadline is http.ResponseController's, without its allocation when
+// w is net/http's own writer, as it is for every request without tracing.
+func setReadDeadline(w http.ResponseWriter, t time.Time) error {
+	if d, ok := w.(interface{ SetReadDeadline(time.Time) error }); ok {
+		return d.SetReadDeadline(t)
+	}
+	return http.NewResponseController(w).SetReadDeadline(t)
 }
 
 // candidates returns the healthy backends that serve model, appended to dst,
@@ -599,9 +625,46 @@ func (p *Proxy) Drain() { p.draining.Store(true) }
 // contend for them.
 const stopShardCount = 32
 
-// stopShard returns a context cancelled by Stop for one attempt to wait on.
-func (p *Proxy) stopShard() context.Context {
-	return p.stopShards[rand.Uint32()%stopShardCount]
+// stopShard returns a shard for one attempt to register on.
+func (p *Proxy) stopShard() *stopShard {
+	return &p.stopShards[rand.Uint32()%stopShardCount]
+}
+
+// stopShard is a set of attempts in flight that Stop ends. Registering
+// allocates nothing, where context.AfterFunc on a context Stop cancels made
+// three allocations an attempt.
+type stopShard struct {
+	mu      sync.Mutex
+	stopped bool
+	live    map[*attempt]struct{}
+	_       [40]byte // a cache line each: the shards are for cores not to share one
+}
+
+// add registers a until remove; after stop, it ends a at once.
+func (s *stopShard) add(a *attempt) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		a.cancel(errShutdown)
+		return
+	}
+	s.live[a] = struct{}{}
+}
+
+func (s *stopShard) remove(a *attempt) {
+	s.mu.Lock()
+	delete(s.live, a)
+	s.mu.Unlock()
+}
+
+// stop ends the attempts registered and every one that registers after.
+func (s *stopShard) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = true
+	for a := range s.live {
+		a.cancel(errShutdown)
+	}
 }
 
 // Stop ends every request still in flight: a stream under way ends with an
@@ -609,8 +672,8 @@ func (p *Proxy) stopShard() context.Context {
 // get the same 503 at once. Call it when the shutdown grace has run out.
 func (p *Proxy) Stop() {
 	p.stopAll()
-	for _, cancel := range p.stopShardsEnd {
-		cancel()
+	for i := range p.stopShards {
+		p.stopShards[i].stop()
 	}
 }
 

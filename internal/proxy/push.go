@@ -8,9 +8,13 @@ import (
 // edge-triggered: a goroutine that calls Read parks only after a read that
 // found nothing, so every event of a stream costs two reads of the backend's
 // socket, the second answered EAGAIN. push instead reads the socket inside
-// one syscall.RawConn.Read for the whole body: a read that came back short
-// emptied the socket, so the goroutine parks at once, and the next edge (any
-// bytes that arrive after that read) wakes it. The events of each read are
+// one syscall.RawConn.Read for the whole body: a read that emptied the
+// socket parks the goroutine at once, and the next edge (any bytes that
+// arrive after that read, or the backend's close) wakes it. A read coming
+// back short is not enough to know the socket empty: a close that came in
+// with the bytes is left for the next read, and its edge is gone. On Linux
+// the read (recvmsg with TCP_INQ) says what is left, the close included;
+// elsewhere push reads again, to EAGAIN. The events of each read are
 // handed to a sink, which forwards them before the next read.
 
 // byteSink takes a body's bytes as they arrive.
@@ -34,6 +38,13 @@ type pusher interface {
 }
 
 var _ pusher = (*leanBody)(nil)
+
+// The states of a connection's TCP_INQ (leanConn.inq).
+const (
+	inqUntried int8 = iota
+	inqOn
+	inqOff
+)
 
 // push pushes a chunked body that has not been read from, off the
 // connection's buffered reader first and then off its socket.

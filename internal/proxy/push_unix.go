@@ -5,8 +5,6 @@ package proxy
 import (
 	"io"
 	"syscall"
-
-	"github.com/kvroute/kvroute/internal/rawsock"
 )
 
 // canPushSocket: push reads sockets with Unix read(2).
@@ -14,14 +12,18 @@ const canPushSocket = true
 
 // pushSocket reads the rest of the body off the socket.
 func (b *leanBody) pushSocket(raw syscall.RawConn, d *chunkDecoder, s byteSink) error {
+	c := b.c
 	var err error
 	rerr := raw.Read(func(fd uintptr) bool {
+		if c.inq == inqUntried {
+			c.inq = enableInq(fd)
+		}
 		for {
 			var p []byte
 			if p, err = s.space(); err != nil {
 				return true
 			}
-			m, errno := b.readFD(fd, p)
+			m, waiting, errno := b.readFD(fd, p)
 			switch {
 			case errno == syscall.EINTR:
 				continue
@@ -41,30 +43,21 @@ func (b *leanBody) pushSocket(raw syscall.RawConn, d *chunkDecoder, s byteSink) 
 				}
 				return true
 			}
-			if m < len(p) {
-				// The read emptied the socket: bytes that come after it
-				// raise a new edge, so park without reading again.
+			if waiting == 0 {
+				// The read emptied the socket and the backend has not
+				// closed it: bytes or a close that come after the read
+				// raise a new edge, so park without reading again. A
+				// short read alone does not tell this: a close that came
+				// in with the bytes read is left for a read of its own,
+				// and raises no edge after it.
 				return false
 			}
+			// More waits, or whether it does is not known: read on, to
+			// EAGAIN (then park) or the end.
 		}
 	})
 	if err == nil {
 		err = rerr
 	}
 	return err
-}
-
-// readFD reads the socket fd into p, with a raw system call unless the
-// transport says otherwise.
-func (b *leanBody) readFD(fd uintptr, p []byte) (int, syscall.Errno) {
-	if b.t.raw {
-		return rawsock.ReadFD(fd, p)
-	}
-	n, err := syscall.Read(int(fd), p)
-	if errno, ok := err.(syscall.Errno); ok {
-		return 0, errno
-	} else if err != nil {
-		return 0, syscall.EIO
-	}
-	return n, 0
 }

@@ -22,11 +22,15 @@ const maxRequestIDLen = 128
 // upstream with them, and on the response's.
 func tagRequest(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get(HeaderRequestID)
-	if !validRequestID(id) {
-		id = newRequestID()
-		r.Header.Set(HeaderRequestID, id)
+	if validRequestID(id) {
+		w.Header().Set(HeaderRequestID, id)
+		return
 	}
-	w.Header().Set(HeaderRequestID, id)
+	// One allocation for both headers' values (HeaderRequestID is in
+	// canonical form): they are never appended to.
+	vv := []string{newRequestID(), ""}
+	vv[1] = vv[0]
+	r.Header[HeaderRequestID], w.Header()[HeaderRequestID] = vv[:1:1], vv[1:]
 }
 
 // requestID is r's request ID, as tagRequest set it.

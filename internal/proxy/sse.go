@@ -244,7 +244,7 @@ var errEventTooLarge = fmt.Errorf("event stream: an event is larger than %d byte
 // backend's read error or the client's write error, whichever ended the
 // copy; both nil at the end of the stream. It allocates nothing per event.
 func copyEvents(w http.ResponseWriter, src io.Reader, sc *eventScanner, onFirst func()) (readErr, writeErr error) {
-	rc := http.NewResponseController(w)
+	rc := flusherOf(w)
 	bp := streamBufs.Get().(*[]byte)
 	defer streamBufs.Put(bp) // a grown buffer is left to the GC
 	ec := eventCopier{w: w, rc: rc, sc: sc, onFirst: onFirst, buf: *bp}
@@ -287,7 +287,7 @@ func copyEvents(w http.ResponseWriter, src io.Reader, sc *eventScanner, onFirst 
 // yet written; the events in it end at or after scan.
 type eventCopier struct {
 	w                http.ResponseWriter
-	rc               *http.ResponseController
+	rc               flusher
 	sc               *eventScanner
 	onFirst          func()
 	buf              []byte
@@ -478,11 +478,27 @@ func (ec *eventCopier) firstContent(written int) {
 	}
 }
 
+// flusher flushes a response writer, reporting the error.
+type flusher interface{ FlushError() error }
+
+// flusherOf is w's own FlushError when it has one (net/http's writer, the
+// held writer), else a ResponseController's Flush, which allocates.
+func flusherOf(w http.ResponseWriter) flusher {
+	if f, ok := w.(flusher); ok {
+		return f
+	}
+	return controllerFlusher{http.NewResponseController(w)}
+}
+
+type controllerFlusher struct{ rc *http.ResponseController }
+
+func (f controllerFlusher) FlushError() error { return f.rc.Flush() }
+
 // flush sends what w has buffered to the client. A writer that cannot flush
 // (wrapped by middleware that hides it) is not an error: the data still
 // goes out, only later.
-func flush(rc *http.ResponseController) error {
-	if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+func flush(rc flusher) error {
+	if err := rc.FlushError(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		return err
 	}
 	return nil

@@ -7,6 +7,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -63,6 +67,11 @@ type leanConn struct {
 	// idle.
 	reused    bool
 	idleSince time.Time
+	// inq is whether the socket's reads tell what it still holds
+	// (push_linux.go): inqUntried until a push first reads it.
+	inq int8
+	// close closes nc: made once, for every request's context.AfterFunc.
+	close func()
 }
 
 // newLeanTransport returns the lean path in front of std, or nil when std is
@@ -153,7 +162,7 @@ var errIdleClosed = errors.New("the backend closed the connection before answeri
 // body owns c from then on; on an error c is closed.
 func (t *leanTransport) exchange(c *leanConn, req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
-	stop := context.AfterFunc(ctx, func() { c.nc.Close() })
+	stop := context.AfterFunc(ctx, c.close)
 	fail := func(err error) (*http.Response, error) {
 		stop()
 		c.nc.Close()
@@ -162,7 +171,7 @@ func (t *leanTransport) exchange(c *leanConn, req *http.Request) (*http.Response
 		}
 		return nil, err
 	}
-	err := req.Write(c.bw)
+	err := writeRequest(c.bw, req)
 	if err == nil {
 		err = c.bw.Flush()
 	}
@@ -250,7 +259,7 @@ func (b *leanBody) release(complete bool) {
 	if !complete {
 		b.t.cut.Inc()
 	}
-	c.nc.Close()
+	c.discard()
 }
 
 // conn returns an idle connection to key, or dials one.
@@ -267,7 +276,41 @@ func (t *leanTransport) conn(ctx context.Context, key string) (*leanConn, error)
 	if t.raw {
 		nc = rawsock.Wrap(nc)
 	}
-	return &leanConn{nc: nc, br: bufio.NewReaderSize(nc, t.rbytes), bw: bufio.NewWriterSize(nc, t.wbytes), key: key}, nil
+	return &leanConn{nc: nc, br: newLeanReader(nc, t.rbytes), bw: newLeanWriter(nc, t.wbytes), key: key,
+		close: func() { nc.Close() }}, nil
+}
+
+// The buffers of connections closed, for the next ones dialled: clients
+// that come back after a lull find the idle connections expired, and each
+// new one would otherwise allocate its two buffers (16 KB with
+// NewTransport) in a burst that brings the next garbage collection closer.
+var leanReaders, leanWriters sync.Pool
+
+func newLeanReader(nc net.Conn, size int) *bufio.Reader {
+	if br, ok := leanReaders.Get().(*bufio.Reader); ok && br.Size() == size {
+		br.Reset(nc)
+		return br
+	}
+	return bufio.NewReaderSize(nc, size)
+}
+
+func newLeanWriter(nc net.Conn, size int) *bufio.Writer {
+	if bw, ok := leanWriters.Get().(*bufio.Writer); ok && bw.Size() == size {
+		bw.Reset(nc)
+		return bw
+	}
+	return bufio.NewWriterSize(nc, size)
+}
+
+// discard closes c, which no one else reads or writes (idle in the pool, or
+// its response done with), and gives its buffers to the next connection.
+func (c *leanConn) discard() {
+	c.nc.Close()
+	c.br.Reset(nil)
+	c.bw.Reset(nil)
+	leanReaders.Put(c.br)
+	leanWriters.Put(c.bw)
+	c.br, c.bw = nil, nil
 }
 
 // get takes the most recently used idle connection to key that has not
@@ -284,7 +327,7 @@ func (t *leanTransport) get(key string) *leanConn {
 	t.idle[key] = conns[:len(conns)-1]
 	if t.idleFor > 0 && time.Since(c.idleSince) >= t.idleFor {
 		// The rest are older still: the sweep closes them.
-		c.nc.Close()
+		c.discard()
 		return nil
 	}
 	return c
@@ -297,7 +340,7 @@ func (t *leanTransport) put(c *leanConn) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(t.idle[c.key]) >= t.maxIdle {
-		c.nc.Close()
+		c.discard()
 		return
 	}
 	t.idle[c.key] = append(t.idle[c.key], c)
@@ -317,7 +360,7 @@ func (t *leanTransport) sweep() {
 	for key, conns := range t.idle {
 		n := 0
 		for n < len(conns) && now.Sub(conns[n].idleSince) >= t.idleFor {
-			conns[n].nc.Close()
+			conns[n].discard()
 			n++
 		}
 		if n == len(conns) {
@@ -342,7 +385,7 @@ func (t *leanTransport) CloseIdleConnections() {
 	t.mu.Lock()
 	for key, conns := range t.idle {
 		for _, c := range conns {
-			c.nc.Close()
+			c.discard()
 		}
 		delete(t.idle, key)
 	}
@@ -356,4 +399,117 @@ func hostPort(host string) string {
 		return host
 	}
 	return net.JoinHostPort(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), "80")
+}
+
+// writeRequest writes req to w as req.Write does, byte for byte, for the
+// requests the proxy makes (upstreamRequest: a body in memory, no trailers,
+// no tracing hooks, a plain host); others it hands to req.Write. req.Write
+// formats the request line and the Host and User-Agent lines with fmt,
+// and sends the body through a transfer writer and a LimitReader: six
+// allocations a request, where this makes none.
+func writeRequest(w *bufio.Writer, req *http.Request) error {
+	body, ok := req.Body.(*upstreamBody)
+	if !ok || int64(body.Len()) != req.ContentLength || req.ContentLength <= 0 || req.Close ||
+		len(req.TransferEncoding) > 0 || req.Trailer != nil || req.Host != "" || req.URL.Opaque != "" ||
+		req.Method == "" || req.Method == http.MethodConnect || !plainHost(req.URL.Host) ||
+		httptrace.ContextClientTrace(req.Context()) != nil || !plainValues(req.Header) {
+		return req.Write(w)
+	}
+	ruri := req.URL.RequestURI()
+	if strings.ContainsFunc(ruri, isCTL) {
+		return req.Write(w) // which refuses it
+	}
+	defer req.Body.Close()
+	w.WriteString(req.Method)
+	w.WriteByte(' ')
+	w.WriteString(ruri)
+	w.WriteString(" HTTP/1.1\r\nHost: ")
+	w.WriteString(req.URL.Host)
+	w.WriteString("\r\n")
+	ua := "Go-http-client/1.1" // net/http's default, unless the header says otherwise
+	if vv, ok := req.Header["User-Agent"]; ok {
+		ua = ""
+		if len(vv) > 0 {
+			ua = textproto.TrimString(vv[0])
+		}
+	}
+	if ua != "" {
+		w.WriteString("User-Agent: ")
+		w.WriteString(ua)
+		w.WriteString("\r\n")
+	}
+	w.WriteString("Content-Length: ")
+	w.Write(strconv.AppendInt(w.AvailableBuffer(), req.ContentLength, 10))
+	w.WriteString("\r\n")
+	// In the order of the keys, as net/http writes them.
+	var room [32]string
+	keys := room[:0]
+	for k := range req.Header {
+		switch k {
+		case "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer":
+			continue
+		}
+		if validFieldName(k) { // net/http leaves invalid ones out
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		for _, v := range req.Header[k] {
+			w.WriteString(k)
+			w.WriteString(": ")
+			w.WriteString(textproto.TrimString(v))
+			w.WriteString("\r\n")
+		}
+	}
+	w.WriteString("\r\n")
+	_, err := body.WriteTo(w)
+	return err
+}
+
+// plainHost reports whether host is written as it is by req.Write: ASCII
+// letters, digits, dots, dashes, colons and an IPv6 address's brackets, no
+// zone.
+func plainHost(host string) bool {
+	for i := range len(host) {
+		switch c := host[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
+			c == '.', c == '-', c == ':', c == '[', c == ']':
+		default:
+			return false
+		}
+	}
+	return host != ""
+}
+
+// plainValues reports whether no header value has a line break, which
+// req.Write would replace.
+func plainValues(h http.Header) bool {
+	for _, vv := range h {
+		for _, v := range vv {
+			if strings.ContainsAny(v, "\r\n") {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func isCTL(r rune) bool { return r < ' ' || r == 0x7f }
+
+// validFieldName reports whether k is an HTTP token (RFC 9110 5.1).
+func validFieldName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := range len(k) {
+		c := k[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' {
+			continue
+		}
+		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
+			return false
+		}
+	}
+	return true
 }

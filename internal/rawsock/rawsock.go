@@ -153,9 +153,8 @@ func (o *op) write(fd uintptr) bool {
 // "write" and not the raw connection's "raw-read".
 func (c *Conn) opError(op string, err error) error {
 	if oe, ok := err.(*net.OpError); ok {
-		e := *oe
-		e.Op = op
-		return &e
+		oe.Op = op // the raw connection made it for this call alone
+		return oe
 	}
 	return &net.OpError{Op: op, Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }

@@ -1,0 +1,6 @@
+//go:build !race
+
+package server
+
+// raceEnabled is set when the race detector instruments the test binary.
+const raceEnabled = false
