@@ -10,6 +10,7 @@
 package prefix
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -84,6 +85,9 @@ type Index struct {
 	held hashtab.Table
 	bis  []int32 // MatchFew's scratch
 	sink uint64  // what prefetch read, kept so that the reads are not dropped
+	// pending is InsertAsync's copy of its hashes, owned by the insertion
+	// while it holds mu.
+	pending []uint64
 	// more are the holder lists of blocks with more than two holders;
 	// spare lists those not in use, with their memory.
 	more  [][]holder
@@ -287,6 +291,10 @@ func (ix *Index) Match(hashes []uint64, matched ...[]int) int {
 func (ix *Index) Insert(backend int, hashes []uint64) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.insert(backend, hashes)
+}
+
+func (ix *Index) insert(backend int, hashes []uint64) {
 	ix.prefetch(backend, hashes)
 	// Touch in reverse so that the prompt's first block ends up most
 	// recent: engines evict a sequence's tail first, and a shared prefix
@@ -294,6 +302,23 @@ func (ix *Index) Insert(backend int, hashes []uint64) {
 	for i := len(hashes) - 1; i >= 0; i-- {
 		ix.touch(backend, hashes[i])
 	}
+}
+
+// InsertAsync is Insert done by another goroutine, while the caller goes
+// on with other work: it returns as soon as it holds the index's lock for
+// the insertion, which the other goroutine releases when it is done. Every
+// later call of any method waits for that lock, so what it sees is what it
+// would have seen after Insert: the results are the same, only the
+// insertion's time overlaps the caller's next work (the simulator's, whose
+// picks come one at a time; a server's concurrent picks would only wait
+// for it). hashes is copied: the caller may reuse it at once.
+func (ix *Index) InsertAsync(backend int, hashes []uint64) {
+	ix.mu.Lock()
+	ix.pending = append(ix.pending[:0], hashes...)
+	go func() {
+		defer ix.mu.Unlock()
+		ix.insert(backend, ix.pending)
+	}()
 }
 
 // prefetch reads, changing nothing, what inserting hashes for backend will
@@ -476,6 +501,12 @@ func (ix *Index) newBlock(h uint64) int32 {
 		ix.blocks[bi] = block{hash: h}
 	} else {
 		bi = int32(len(ix.blocks))
+		if len(ix.blocks) == cap(ix.blocks) {
+			// Doubled, not by append's quarter: at a thousand backends
+			// the slab reaches millions of blocks, and each step copies
+			// it all into fresh memory, page by page.
+			ix.blocks = slices.Grow(ix.blocks, max(len(ix.blocks), 64))
+		}
 		ix.blocks = append(ix.blocks, block{hash: h})
 	}
 	ix.byHash.Insert(h, bi)

@@ -90,3 +90,41 @@ func summary(t *testing.T, cfg Config) results.Summary {
 	}
 	return rep.Runs[0].Summary
 }
+
+// kvroute's index insertions run beside the simulation when there is a
+// second core (router.KVRouteConfig.AsyncIndex): the next use of the index
+// waits for them, so every decision and outcome is the one the serial run
+// gives. At 96 servers (the pruned pick, MatchFew), one router and two,
+// with the engines' KV events and without.
+func TestAsyncIndexIdentical(t *testing.T) {
+	w, err := workload.Load("mooncake:"+sharedtest.Require(t, "mooncake/conversation_trace.jsonl"),
+		workload.Options{Duration: 60 * time.Second, Compress: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Config{Workload: w, Backends: 96, Tile: 12, Profile: profile(t).WithBlockSize(512),
+		Policies: []string{"kvroute", "kvroute:ttft"}, Seed: 9}
+	chat := Config{Workload: chatWorkload(t, 400), Backends: 96, Routers: 2, Gossip: 100 * time.Millisecond,
+		Profile: profile(t), Policies: []string{"kvroute"}, Seed: 5}
+	events := base
+	events.KVEvents, events.Policies = true, []string{"kvroute"}
+	for _, tt := range []struct {
+		name string
+		cfg  Config
+	}{{"mooncake", base}, {"chat, two routers", chat}, {"mooncake, KV events", events}} {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.cfg.indexInsert = indexSerial
+			serial := runDigest(t, tt.cfg)
+			tt.cfg.indexInsert = indexAsync
+			async := runDigest(t, tt.cfg)
+			if len(serial) != len(tt.cfg.Policies) {
+				t.Fatalf("%d runs", len(serial))
+			}
+			for p, d := range serial {
+				if async[p] != d {
+					t.Errorf("%s: digest %#x inserting beside, %#x serially", p, async[p], d)
+				}
+			}
+		})
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/engine"
@@ -132,6 +133,9 @@ type Config struct {
 	FullScan bool
 
 	stepwise bool // step every step (tests check that coasting changes nothing)
+	// indexInsert says where kvroute's index insertions run (tests check
+	// that inserting beside the simulation changes nothing).
+	indexInsert indexMode
 }
 
 // Stats describe the simulator's own work in one run.
@@ -141,6 +145,15 @@ type Stats struct {
 	// Virtual is the virtual time simulated; Wall the time it took.
 	Virtual, Wall time.Duration
 }
+
+// indexMode is where kvroute's prefix index insertions run.
+type indexMode int
+
+const (
+	indexAuto   indexMode = iota // beside the simulation when there is a second core
+	indexSerial                  // on the simulation's goroutine
+	indexAsync                   // beside it, even on one core
+)
 
 func (c Config) withDefaults() (Config, error) {
 	if c.Routers <= 0 {
@@ -329,7 +342,8 @@ type simulation struct {
 	progress    func()
 	origin      time.Time
 	tokBuf      []int32
-	kv          *kvFeed // the servers' KV events; nil without Config.KVEvents
+	salted      []uint64 // tokenHashes' scratch
+	kv          *kvFeed  // the servers' KV events; nil without Config.KVEvents
 	push        *pushFeed
 }
 
@@ -377,6 +391,11 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			Now:     s.clock,
 		}
 		opts.KVRoute.FullScan = cfg.FullScan
+		// With a second core, kvroute's index insertions run beside the
+		// engines' work that follows each pick (the next pick waits for
+		// them, so no result changes).
+		opts.KVRoute.AsyncIndex = cfg.indexInsert == indexAsync || cfg.indexInsert == indexAuto && runtime.GOMAXPROCS(0) > 1
+		opts.KVRoute.NoScores = true // no result reads them
 		if !cfg.ReplicaUnaware {
 			opts.KVRoute.Replicas = cfg.Routers
 		}
@@ -432,6 +451,11 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 	s.stride = 1
 	if !s.keepAll {
 		s.stride = (total + cfg.KeepRequests - 1) / cfg.KeepRequests
+	}
+	if cfg.KeepRequests > 0 {
+		// At their final size: grown by append, a hundred thousand results
+		// are copied several times over.
+		s.kept = make([]results.Result, 0, min(total, cfg.KeepRequests)+1)
 	}
 	// Every result is summarised as it ends, the kept ones and the rest:
 	// the report's prediction accuracy and goodput are over all of them.
