@@ -91,8 +91,8 @@ func summary(t *testing.T, cfg Config) results.Summary {
 	return rep.Runs[0].Summary
 }
 
-// kvroute's index insertions run beside the simulation when there is a
-// second core (router.KVRouteConfig.AsyncIndex): the next use of the index
+// With --parallel-index kvroute's index insertions run beside the
+// simulation (router.KVRouteConfig.AsyncIndex): the next use of the index
 // waits for them, so every decision and outcome is the one the serial run
 // gives. At 96 servers (the pruned pick, MatchFew), one router and two,
 // with the engines' KV events and without.

@@ -131,13 +131,12 @@ type Config struct {
 	// the few that can win (router.KVRouteConfig.FullScan), to measure
 	// what pruning changes.
 	FullScan bool
-	// Serial keeps the whole simulation on one goroutine. By default, on a
-	// machine with a second core, kvroute's prefix index insertions run
-	// beside the rest (router.KVRouteConfig.AsyncIndex): the results are
-	// the same, the wall time shorter on a machine with a core to spare,
-	// the CPU time longer (docs/BENCHMARKS.md, Scale); on one whose cores
-	// are busy with other work, serial costs less.
-	Serial bool
+	// ParallelIndex runs kvroute's prefix index insertions beside the rest
+	// of the simulation, on a second core (router.KVRouteConfig.AsyncIndex;
+	// none with GOMAXPROCS 1): the results are the same, the CPU time
+	// longer, the wall time shorter only where a core is free
+	// (docs/BENCHMARKS.md, Scale, session 10).
+	ParallelIndex bool
 
 	stepwise bool // step every step (tests check that coasting changes nothing)
 	// indexInsert says where kvroute's index insertions run (tests check
@@ -157,7 +156,7 @@ type Stats struct {
 type indexMode int
 
 const (
-	indexAuto   indexMode = iota // beside the simulation when there is a second core, unless Serial
+	indexAuto   indexMode = iota // as Config.ParallelIndex says
 	indexSerial                  // on the simulation's goroutine
 	indexAsync                   // beside it, even on one core
 )
@@ -398,11 +397,11 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			Now:     s.clock,
 		}
 		opts.KVRoute.FullScan = cfg.FullScan
-		// With a second core, kvroute's index insertions run beside the
-		// engines' work that follows each pick (the next pick waits for
-		// them, so no result changes), unless Serial.
+		// kvroute's index insertions beside the engines' work that
+		// follows each pick (the next pick waits for them, so no result
+		// changes).
 		opts.KVRoute.AsyncIndex = cfg.indexInsert == indexAsync ||
-			cfg.indexInsert == indexAuto && !cfg.Serial && runtime.GOMAXPROCS(0) > 1
+			cfg.indexInsert == indexAuto && cfg.ParallelIndex && runtime.GOMAXPROCS(0) > 1
 		opts.KVRoute.NoScores = true // no result reads them
 		if !cfg.ReplicaUnaware {
 			opts.KVRoute.Replicas = cfg.Routers
