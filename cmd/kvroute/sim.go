@@ -85,7 +85,6 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.IntVar(&sf.find.Max, "max-backends", 4096, "--find-backends: the largest fleet tried")
 	fs.StringVar(&sf.out, "out", "", "directory for results.json and report.html (default out/sim-WORKLOAD)")
 	fs.StringVar(&sf.cpuProfile, "cpuprofile", "", "write a CPU profile of the simulation to this file")
-	fs.BoolVar(&sf.cfg.ParallelIndex, "parallel-index", false, "run kvroute's prefix index insertions beside the rest of the simulation, on a second core: results do not change, the CPU time grows by a quarter to a half, the wall time shrinks only where a core is free")
 	fs.BoolVar(&sf.hugePages, "huge-pages", false, "Linux: ask for transparent huge pages (2 MiB) for the simulator's memory, where the system gives them only when asked: a large fleet's tables are read at random, and with 4 KiB pages nearly every read also misses the TLB; the kernel's work to assemble them costs system time, more than it saves with small blocks (results do not change)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute sim [flags]\n\n"+

@@ -16,7 +16,7 @@ import "slices"
 // returns backends and the longest tier-0 match among them. Its work grows
 // with the prompt's blocks and the backends asked about, not the fleet.
 func (ix *Index) MatchFew(hashes []uint64, backends []int32, deepest int, matched ...[]int) ([]int32, int) {
-	ix.lock()
+	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	bis := ix.known(hashes)
 	backends = ix.deepest(bis, backends, deepest, len(matched))

@@ -12,7 +12,6 @@ package prefix
 import (
 	"slices"
 	"sync"
-	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -86,11 +85,6 @@ type Index struct {
 	held hashtab.Table
 	bis  []int32 // MatchFew's scratch
 	sink uint64  // what prefetch read, kept so that the reads are not dropped
-	// pending is InsertAsync's insertion, owned by it while it holds mu;
-	// job says whether it is posted, running or done (runPosted).
-	pending        []uint64
-	pendingBackend int
-	job            atomic.Int32
 	// more are the holder lists of blocks with more than two holders;
 	// spare lists those not in use, with their memory.
 	more  [][]holder
@@ -178,7 +172,7 @@ func newLRU(capacity int) lru { return lru{capacity: max(capacity, 1), tail: nil
 // Backends returns how many backends the index has room for: they are
 // numbered 0..Backends()-1.
 func (ix *Index) Backends() int {
-	ix.lock()
+	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	return len(ix.lists)
 }
@@ -188,7 +182,7 @@ func (ix *Index) Backends() int {
 // Match's matched slices must then have n entries to see the new backends'
 // blocks (a shorter one ignores them).
 func (ix *Index) Grow(n int) {
-	ix.lock()
+	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	ix.grow(n)
 }
@@ -205,7 +199,7 @@ func (ix *Index) grow(n int) {
 // Clear forgets every block backend holds, in every tier, and frees its
 // list's memory: the backend has left the fleet. Its capacities are kept.
 func (ix *Index) Clear(backend int) {
-	ix.lock()
+	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if backend < 0 || backend >= len(ix.lists) {
 		return
@@ -226,7 +220,7 @@ func (ix *Index) SetCapacity(backend, capacity int) { ix.SetTierCapacity(0, back
 
 // SetTierCapacity is SetCapacity in tier t.
 func (ix *Index) SetTierCapacity(t, backend, capacity int) {
-	ix.lock()
+	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	l := &ix.tiers[t][backend]
 	l.capacity = max(capacity, 1)
@@ -240,14 +234,14 @@ func (ix *Index) Capacity(backend int) int { return ix.TierCapacity(0, backend) 
 
 // TierCapacity returns backend's bound in blocks in tier t.
 func (ix *Index) TierCapacity(t, backend int) int {
-	ix.lock()
+	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	return ix.tiers[t][backend].capacity
 }
 
 // Len returns how many blocks backend holds in the index.
 func (ix *Index) Len(backend int) int {
-	ix.lock()
+	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	return ix.tiers[0][backend].size
 }
@@ -261,7 +255,7 @@ func (ix *Index) Match(hashes []uint64, matched ...[]int) int {
 	for _, m := range matched {
 		clear(m)
 	}
-	ix.lock()
+	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	longest := 0
 	for i, h := range hashes {
@@ -292,12 +286,8 @@ func (ix *Index) Match(hashes []uint64, matched ...[]int) int {
 // Insert records that backend now holds every block of hashes (it has just
 // computed or reused them), as its most recently used, in every tier.
 func (ix *Index) Insert(backend int, hashes []uint64) {
-	ix.lock()
+	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	ix.insert(backend, hashes)
-}
-
-func (ix *Index) insert(backend int, hashes []uint64) {
 	ix.prefetch(backend, hashes)
 	// Touch in reverse so that the prompt's first block ends up most
 	// recent: engines evict a sequence's tail first, and a shared prefix
@@ -305,49 +295,6 @@ func (ix *Index) insert(backend int, hashes []uint64) {
 	for i := len(hashes) - 1; i >= 0; i-- {
 		ix.touch(backend, hashes[i])
 	}
-}
-
-// InsertAsync is Insert done by another goroutine, while the caller goes
-// on with other work: it returns as soon as it holds the index's lock for
-// the insertion, which the insertion releases when it is done. Every later
-// call of any method waits for that lock, so what it sees is what it would
-// have seen after Insert: the results are the same, only the insertion's
-// time overlaps the caller's next work (the simulator's, whose picks come
-// one at a time; a server's concurrent picks would only wait for it). A
-// call that finds the insertion not yet started by the other goroutine (on
-// a busy machine it may wait for a CPU) does it itself instead of waiting.
-// hashes is copied: the caller may reuse it at once.
-func (ix *Index) InsertAsync(backend int, hashes []uint64) {
-	ix.lock()
-	ix.pending = append(ix.pending[:0], hashes...)
-	ix.pendingBackend = backend
-	ix.job.Store(jobPosted)
-	go ix.runPosted()
-}
-
-// The states of an insertion InsertAsync posted.
-const (
-	jobNone int32 = iota
-	jobPosted
-	jobRunning
-)
-
-// runPosted runs the insertion InsertAsync posted, unless another goroutine
-// has taken it, and releases the lock it holds.
-func (ix *Index) runPosted() {
-	if ix.job.Load() != jobPosted || !ix.job.CompareAndSwap(jobPosted, jobRunning) {
-		return
-	}
-	ix.insert(ix.pendingBackend, ix.pending)
-	ix.job.Store(jobNone)
-	ix.mu.Unlock()
-}
-
-// lock takes the index's lock, first running a posted insertion that no
-// goroutine has started.
-func (ix *Index) lock() {
-	ix.runPosted()
-	ix.mu.Lock()
 }
 
 // prefetch reads, changing nothing, what inserting hashes for backend will
@@ -392,7 +339,7 @@ func (ix *Index) Forget(backend int, hashes []uint64, from int) {
 
 // ForgetTier is Forget in tier t.
 func (ix *Index) ForgetTier(t, backend int, hashes []uint64, from int) {
-	ix.lock()
+	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	for _, h := range hashes[min(from, len(hashes)):] {
 		bi, ok := ix.byHash.Get(h)

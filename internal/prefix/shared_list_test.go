@@ -13,8 +13,7 @@ import (
 // order, and every block with the same holders in the same order. Blocks
 // are shared by many backends (so they turn hot and cold), tiers are
 // forgotten and shrunk independently (so one tier's entries are not always
-// a part of the other's), and backends are cleared and added. Half the
-// insertions are InsertAsync's.
+// a part of the other's), and backends are cleared and added.
 func TestSharedListMatchesTwoLists(t *testing.T) {
 	for _, caps := range [][]int{{30}, {30, 60}, {40, 20}} {
 		t.Run(fmt.Sprint(caps), func(t *testing.T) {
@@ -33,13 +32,6 @@ func TestSharedListMatchesTwoLists(t *testing.T) {
 			for op := range 60_000 {
 				b, k := rng.IntN(n), rng.IntN(len(caps))
 				switch r := rng.IntN(100); {
-				case r < 35:
-					// InsertAsync, its hashes reused at once: the next
-					// call waits for it and sees what Insert leaves.
-					hs := prompt()
-					ref.Insert(b, hs)
-					ix.InsertAsync(b, hs)
-					clear(hs)
 				case r < 70:
 					hs := prompt()
 					ix.Insert(b, hs)

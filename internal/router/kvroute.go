@@ -174,13 +174,6 @@ type KVRouteConfig struct {
 	// for the lanes a burst behind pushed counts is split by (see inLane;
 	// kvroute serve's peers.Poller.Replicas); nil: no lanes.
 	Lanes func() (self string, others []string)
-	// AsyncIndex inserts a pick's prompt into the prefix index on another
-	// goroutine (prefix.Index.InsertAsync), so that Pick returns before the
-	// insertion ends; the next use of the index waits for it, so nothing
-	// decided changes. For the simulator, whose picks come one at a time
-	// between the engines' work: the insertion, a fifth of its time at a
-	// thousand servers, then runs beside that work on a second core.
-	AsyncIndex bool
 	// NoScores leaves Decision.Scores empty: the simulator, which reads
 	// no explanation, then does not build one for each of a million picks.
 	NoScores bool
@@ -470,11 +463,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	default:
 		d.Reason = "least-cost"
 	}
-	if p.cfg.AsyncIndex {
-		p.index.InsertAsync(chosen.Index, s.hashes)
-	} else {
-		p.index.Insert(chosen.Index, s.hashes)
-	}
+	p.index.Insert(chosen.Index, s.hashes)
 	p.prune.routed(chosen)
 	p.mu.Lock()
 	p.queue[chosen.Index] = drain{work: cb.queued + work, at: nowS}

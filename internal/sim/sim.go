@@ -21,7 +21,6 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
-	"runtime"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/engine"
@@ -131,17 +130,8 @@ type Config struct {
 	// the few that can win (router.KVRouteConfig.FullScan), to measure
 	// what pruning changes.
 	FullScan bool
-	// ParallelIndex runs kvroute's prefix index insertions beside the rest
-	// of the simulation, on a second core (router.KVRouteConfig.AsyncIndex;
-	// none with GOMAXPROCS 1): the results are the same, the CPU time
-	// longer, the wall time shorter only where a core is free
-	// (docs/BENCHMARKS.md, Scale, session 10).
-	ParallelIndex bool
 
 	stepwise bool // step every step (tests check that coasting changes nothing)
-	// indexInsert says where kvroute's index insertions run (tests check
-	// that inserting beside the simulation changes nothing).
-	indexInsert indexMode
 }
 
 // Stats describe the simulator's own work in one run.
@@ -151,15 +141,6 @@ type Stats struct {
 	// Virtual is the virtual time simulated; Wall the time it took.
 	Virtual, Wall time.Duration
 }
-
-// indexMode is where kvroute's prefix index insertions run.
-type indexMode int
-
-const (
-	indexAuto   indexMode = iota // as Config.ParallelIndex says
-	indexSerial                  // on the simulation's goroutine
-	indexAsync                   // beside it, even on one core
-)
 
 func (c Config) withDefaults() (Config, error) {
 	if c.Routers <= 0 {
@@ -397,11 +378,6 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			Now:     s.clock,
 		}
 		opts.KVRoute.FullScan = cfg.FullScan
-		// kvroute's index insertions beside the engines' work that
-		// follows each pick (the next pick waits for them, so no result
-		// changes).
-		opts.KVRoute.AsyncIndex = cfg.indexInsert == indexAsync ||
-			cfg.indexInsert == indexAuto && cfg.ParallelIndex && runtime.GOMAXPROCS(0) > 1
 		opts.KVRoute.NoScores = true // no result reads them
 		if !cfg.ReplicaUnaware {
 			opts.KVRoute.Replicas = cfg.Routers
