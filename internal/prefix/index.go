@@ -10,6 +10,7 @@
 package prefix
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -476,6 +477,12 @@ func (ix *Index) newBlock(h uint64) int32 {
 		ix.blocks[bi] = block{hash: h}
 	} else {
 		bi = int32(len(ix.blocks))
+		if len(ix.blocks) == cap(ix.blocks) {
+			// Doubled, not by append's quarter: at a thousand backends
+			// the slab reaches millions of blocks, and each step copies
+			// it all into fresh memory, page by page.
+			ix.blocks = slices.Grow(ix.blocks, max(len(ix.blocks), 64))
+		}
 		ix.blocks = append(ix.blocks, block{hash: h})
 	}
 	ix.byHash.Insert(h, bi)

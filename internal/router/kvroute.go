@@ -174,6 +174,9 @@ type KVRouteConfig struct {
 	// for the lanes a burst behind pushed counts is split by (see inLane;
 	// kvroute serve's peers.Poller.Replicas); nil: no lanes.
 	Lanes func() (self string, others []string)
+	// NoScores leaves Decision.Scores empty: the simulator, which reads
+	// no explanation, then does not build one for each of a million picks.
+	NoScores bool
 }
 
 func (c KVRouteConfig) withDefaults() KVRouteConfig {
@@ -445,8 +448,10 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		Backend:       chosen,
 		Cached:        cb.sure,
 		PredictedTTFT: seconds(cb.ttft),
-		Scores:        explain(cand, cands, best),
 		Done:          func(o Outcome) { pk.done(o) }, // one allocation: pk lives in the closure
+	}
+	if !p.cfg.NoScores {
+		d.Scores = explain(cand, cands, best)
 	}
 	switch {
 	case longest > 0 && s.matched[chosen.Index] == longest:

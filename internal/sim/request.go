@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -139,11 +140,11 @@ func (s *simulation) send(i int) {
 		f.rreq = router.Request{Model: s.cfg.Profile.Model,
 			SessionKey: ws.ID, Prompt: string(ss.conv.text), MaxTokens: turn.MaxTokens}
 	} else {
-		f.hashes = tokenHashes(f.hashes[:0], turn, ss.tile, bs)
+		f.hashes = tokenHashes(f.hashes[:0], &s.salted, turn, ss.tile, bs)
 		f.req.PromptLen, f.req.MaxTokens = turn.Tokens, turn.MaxTokens
 		key := ws.ID
 		if s.cfg.Tile > 1 {
-			key = fmt.Sprintf("%s/%d", ws.ID, ss.tile)
+			key = ws.ID + "/" + strconv.Itoa(int(ss.tile))
 		}
 		f.rreq = router.Request{Model: s.cfg.Profile.Model,
 			SessionKey: key, MaxTokens: turn.MaxTokens, PromptTokens: turn.Tokens,
@@ -192,16 +193,24 @@ func (s *simulation) send(i int) {
 // nothing), then the reply's, chained on, so that the reply takes cache
 // space as it does in the emulator. Equal prompts get equal replies there
 // too, so the reply's hashes depend only on the prompt.
-func tokenHashes(dst []uint64, t *workload.Turn, tile int32, blockSize int) []uint64 {
+// The salted ids are built in *scratch, reused from call to call (nil: a
+// new slice each time).
+func tokenHashes(dst []uint64, scratch *[]uint64, t *workload.Turn, tile int32, blockSize int) []uint64 {
 	ids := t.Blocks
 	if tile > 0 {
 		// The salt reaches the low bits: HashBlockIDs multiplies an id by
 		// the trace's block tokens, which shifted a salt in the high bits
 		// (tile<<48) out, and at 512 tokens tiles 128 apart shared every
 		// prompt.
-		salted := make([]uint64, len(ids))
-		for j, id := range ids {
-			salted[j] = id + uint64(tile)*0x9e3779b97f4a7c15
+		var salted []uint64
+		if scratch != nil {
+			salted = (*scratch)[:0]
+		}
+		for _, id := range ids {
+			salted = append(salted, id+uint64(tile)*0x9e3779b97f4a7c15)
+		}
+		if scratch != nil {
+			*scratch = salted
 		}
 		ids = salted
 	}

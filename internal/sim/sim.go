@@ -329,7 +329,8 @@ type simulation struct {
 	progress    func()
 	origin      time.Time
 	tokBuf      []int32
-	kv          *kvFeed // the servers' KV events; nil without Config.KVEvents
+	salted      []uint64 // tokenHashes' scratch
+	kv          *kvFeed  // the servers' KV events; nil without Config.KVEvents
 	push        *pushFeed
 }
 
@@ -377,6 +378,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			Now:     s.clock,
 		}
 		opts.KVRoute.FullScan = cfg.FullScan
+		opts.KVRoute.NoScores = true // no result reads them
 		if !cfg.ReplicaUnaware {
 			opts.KVRoute.Replicas = cfg.Routers
 		}
@@ -432,6 +434,11 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 	s.stride = 1
 	if !s.keepAll {
 		s.stride = (total + cfg.KeepRequests - 1) / cfg.KeepRequests
+	}
+	if cfg.KeepRequests > 0 {
+		// At their final size: grown by append, a hundred thousand results
+		// are copied several times over.
+		s.kept = make([]results.Result, 0, min(total, cfg.KeepRequests)+1)
 	}
 	// Every result is summarised as it ends, the kept ones and the rest:
 	// the report's prediction accuracy and goodput are over all of them.

@@ -311,7 +311,7 @@ func TestTilesShareNothing(t *testing.T) {
 	turn := &workload.Turn{Blocks: []uint64{1, 2, 3}, BlockTokens: 512, Tokens: 1536, MaxTokens: 16}
 	seen := map[uint64]int32{}
 	for tile := range int32(1000) {
-		for _, h := range tokenHashes(nil, turn, tile, 512) {
+		for _, h := range tokenHashes(nil, nil, turn, tile, 512) {
 			if other, ok := seen[h]; ok {
 				t.Fatalf("tiles %d and %d share block %#x", other, tile, h)
 			}
