@@ -96,8 +96,10 @@ type KVRoute struct {
 	// burst tells a replica behind pushed counts that it is in a burst
 	// (kvroute_replicas.go).
 	burst burstWatch
-	// lanePos is each backend's place in the order lanes split (inLane).
-	lanePos atomic.Pointer[[]int32]
+	// lanePos is each backend's place in the order lanes split (inLane),
+	// by index; laneOrder the backends by their addresses (setLanes).
+	lanePos   atomic.Pointer[[]int32]
+	laneOrder atomic.Pointer[[]*fleet.Backend]
 }
 
 var _ FleetWatcher = (*KVRoute)(nil)
@@ -354,9 +356,12 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	s.hashes = req.prefixHashes(s.hashes[:0], p.cfg.BlockBytes)
 	fleetSize := len(cands)
 	now := p.cfg.Now()
-	var lanes bool
-	s.one, lanes = p.mode(now)
+	var lanes, opens bool
+	s.one, lanes, opens = p.mode(now)
 	var mine lane // every backend, but in a burst behind replicas (inLane)
+	if opens {
+		p.rankLanes(now)
+	}
 	if lanes {
 		mine = p.lane()
 	}
