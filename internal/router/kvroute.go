@@ -96,10 +96,8 @@ type KVRoute struct {
 	// burst tells a replica behind pushed counts that it is in a burst
 	// (kvroute_replicas.go).
 	burst burstWatch
-	// lanePos is each backend's place in the order lanes split (inLane),
-	// by index; laneOrder the backends by their addresses (setLanes).
-	lanePos   atomic.Pointer[[]int32]
-	laneOrder atomic.Pointer[[]*fleet.Backend]
+	// lanePos is each backend's place in the order lanes split (inLane).
+	lanePos atomic.Pointer[[]int32]
 }
 
 var _ FleetWatcher = (*KVRoute)(nil)
@@ -356,12 +354,9 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	s.hashes = req.prefixHashes(s.hashes[:0], p.cfg.BlockBytes)
 	fleetSize := len(cands)
 	now := p.cfg.Now()
-	var lanes, opens bool
-	s.one, lanes, opens = p.mode(now)
+	var lanes bool
+	s.one, lanes = p.mode(now)
 	var mine lane // every backend, but in a burst behind replicas (inLane)
-	if opens {
-		p.rankLanes(now)
-	}
 	if lanes {
 		mine = p.lane()
 	}
@@ -422,7 +417,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 			}
 		}
 	} else {
-		key := p.placementKey(req, s.hashes, s.one)
+		key := p.placementKey(req, s.hashes, s.one || lanes)
 		decide := func(cand []candidate, cands []*fleet.Backend, best int) int {
 			return p.breakTie(cand, cands, best, floor, floorTTFT, session, hasSession, key)
 		}

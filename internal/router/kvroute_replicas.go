@@ -164,27 +164,26 @@ func (q peerPrefill) wait(prefill func(tokens float64) float64) float64 {
 // peer is polled (KVRouteConfig.PeersPushed), its counts
 // are a poll old, and the replica decides as a replica too.
 func (p *KVRoute) asOne(now time.Time) bool {
-	one, _, _ := p.mode(now)
+	one, _ := p.mode(now)
 	return one
 }
 
-// mode reports whether this pick decides as one router (see asOne),
-// whether it keeps to this replica's lane (see inLane) and, if so,
-// whether it opens a burst, when the lanes are drawn anew (rankLanes).
-func (p *KVRoute) mode(now time.Time) (one, lanes, opens bool) {
+// mode reports whether this pick decides as one router (see asOne) and
+// whether it keeps to this replica's lane (see inLane).
+func (p *KVRoute) mode(now time.Time) (one, lanes bool) {
 	switch {
 	case p.cfg.Replicas <= 1:
-		return true, false, false
+		return true, false
 	case p.cfg.Events == nil:
-		return false, false, false
+		return false, false
 	case p.cfg.PeersExact:
-		return true, false, false
+		return true, false
 	case p.cfg.PeerPush > 0 && (p.cfg.PeersPushed == nil || p.cfg.PeersPushed()):
-		in, opens, share := p.burst.pick(now.Sub(p.epoch), p.cfg.PeerPush)
+		in, share := p.burst.pick(now.Sub(p.epoch), p.cfg.PeerPush)
 		lanes = p.cfg.Lanes != nil && (in || share > burstyShare)
-		return !in && !lanes, lanes, lanes && opens
+		return !in && !lanes, lanes
 	}
-	return false, false, false
+	return false, false
 }
 
 // A burst's picks split by lanes. Behind pushed counts the replicas see
@@ -193,15 +192,17 @@ func (p *KVRoute) mode(now time.Time) (one, lanes, opens bool) {
 // others' picks reach it: deciding alike, they send the burst's long
 // prompts to the same few servers, which one router would have spread,
 // and short prompts behind them. So in a burst each keeps to a lane of its
-// own: the servers whose place in the order of their load as the burst
-// opens (rankLanes) is, modulo the replicas, its place among the
-// replicas' names (KVRouteConfig.Lanes). No other replica places a new
-// prompt there in the burst, and within its lane it knows every pick. Only a server holding a
+// own: the servers whose place in the order of their addresses (setLanes)
+// is, modulo the replicas, its place among the replicas' names
+// (KVRouteConfig.Lanes). No other replica places a new prompt there in the
+// burst, and within its lane it knows every pick. Only a server holding a
 // good part of the prompt more than any in its lane (laneShare) draws a
 // prompt out of it. On Mooncake, 64 servers, 8 replicas, the trace's
 // ticks replayed at one instant (docs/BENCHMARKS.md, Router replicas),
 // the TTFT p99 fell from 6.55-6.84 s to 6.02-6.35 s (one router: 6.01 s),
-// with 11.4-11.5 % of the prompt tokens cached (one router 12.3-12.4 %).
+// with 11.4-11.5 % of the prompt tokens cached (one router 12.3-12.4 %);
+// with a fresh replica in its lane from its first pick (burstWatch.pick)
+// and the lane's picks decided by the whole cost, see below (session 10).
 // Lanes by rendezvous hashing of each server over the replicas' names,
 // uneven (about 8 ± 3 servers of 64 each), reached 7.02 s on seed 1; no
 // lanes, but copies of the request placed greedily over as many slots as
@@ -210,10 +211,14 @@ func (p *KVRoute) mode(now time.Time) (one, lanes, opens bool) {
 //
 // A replica cannot tell the first pick of a burst from a lone one, so
 // where most of its picks come in bursts (burstyShare), it keeps every
-// pick to its lane. Within its lane it decides as a replica: as one router
-// there (the delay to others priced, the whole cost) it kept more of the
-// cache (12.1-12.5 %) and a shorter end-to-end tail (25.5-26.3 s against
-// 31.3-32.6 s), but a longer TTFT tail (6.28-6.55 s).
+// pick to its lane. Within its lane it knows every pick and decides by the
+// whole cost, as one router does (placementKey), but leaves out the delay
+// to the streams in flight (stream), as a replica does: priced alike by
+// replicas that cannot see each other's picks, that delay sent long
+// prompts together (as one router in the lane, the TTFT p99 was 6.28-6.55
+// s; placed by the cost without the stream's price, as a replica,
+// 6.02-6.35 s with an end-to-end p99 of 31.3-32.6 s; docs/BENCHMARKS.md,
+// session 10, for the figures of this way).
 
 // burstyShare is the share of a replica's picks coming within the push
 // delay of its previous one above which it keeps every pick to its lane:
@@ -280,8 +285,7 @@ func (p *KVRoute) inLane(s *pickScratch, mine lane, cand []candidate, cands []*f
 }
 
 // lane is the backends a replica keeps to in a burst: those whose place
-// in the burst's order (rankLanes) is rank, modulo of. The zero lane has
-// every backend.
+// in setLanes' order is rank, modulo of. The zero lane has every backend.
 type lane struct {
 	pos      []int32
 	rank, of int
@@ -310,9 +314,12 @@ func (p *KVRoute) lane() lane {
 }
 
 // setLanes numbers the backends in the order of their addresses' hashes
-// (backendKey): the same for every replica routing to the same backends,
-// and the order rankLanes keeps among equally loaded ones.
+// (backendKey): the same for every replica routing to the same backends.
 func (p *KVRoute) setLanes(backends []*fleet.Backend) {
+	n := 0
+	for _, b := range backends {
+		n = max(n, b.Index+1)
+	}
 	type keyed struct {
 		key uint64
 		b   *fleet.Backend
@@ -322,62 +329,11 @@ func (p *KVRoute) setLanes(backends []*fleet.Backend) {
 		order = append(order, keyed{backendKey(b), b})
 	}
 	slices.SortFunc(order, func(x, y keyed) int { return cmp.Compare(x.key, y.key) })
-	byKey := make([]*fleet.Backend, len(order))
-	for i, k := range order {
-		byKey[i] = k.b
-	}
-	p.laneOrder.Store(&byKey)
-	p.lanePos.Store(numbered(byKey))
-}
-
-// numbered returns each backend's place in order, by index.
-func numbered(order []*fleet.Backend) *[]int32 {
-	n := 0
-	for _, b := range order {
-		n = max(n, b.Index+1)
-	}
 	pos := make([]int32, n)
-	for i, b := range order {
-		pos[b.Index] = int32(i)
-	}
-	return &pos
-}
-
-// rankLanes, as a burst opens, numbers the backends by their load on the
-// whole fleet as every replica sees it then: prefill tokens queued, then
-// requests in flight, this replica's own and the others' pushed counts,
-// which no pick of the burst has yet changed; equally loaded ones in
-// setLanes' order. Striped modulo the replicas, every lane then gets one
-// of the M least loaded servers, one of the next M, and so on, where
-// lanes fixed by address kept a replica to its own servers from burst to
-// burst, however loaded its share of the traffic had left them: on
-// Mooncake (64 servers, 8 replicas, instant bursts; docs/BENCHMARKS.md,
-// session 10) one replica's servers took prompt after prompt stacked
-// behind long ones (seed 2) while other lanes had idle servers. The
-// burst keeps its order: drawn anew at each pick, lanes would part from
-// the others' as the replica's own picks changed its view.
-func (p *KVRoute) rankLanes(now time.Time) {
-	byKey := p.laneOrder.Load()
-	if byKey == nil {
-		return
-	}
-	type keyed struct {
-		prefill, requests int64
-		b                 *fleet.Backend
-	}
-	order := make([]keyed, len(*byKey))
-	for i, b := range *byKey {
-		l, _ := p.load(b, now)
-		order[i] = keyed{l.PrefillTokens, l.Requests, b}
-	}
-	slices.SortStableFunc(order, func(x, y keyed) int {
-		return cmp.Or(cmp.Compare(x.prefill, y.prefill), cmp.Compare(x.requests, y.requests))
-	})
-	ranked := make([]*fleet.Backend, len(order))
 	for i, k := range order {
-		ranked[i] = k.b
+		pos[k.b.Index] = int32(i)
 	}
-	p.lanePos.Store(numbered(ranked))
+	p.lanePos.Store(&pos)
 }
 
 // backendKey names b alike for every replica: its address, else its name
@@ -416,23 +372,21 @@ type burstWatch struct {
 // replica has made as many: about the last sixty picks decide.
 const shareDecay = 1.0 / 64
 
-// pick records a pick at at and reports whether it is in a burst, whether
-// it opens one (neither near the previous pick nor within burstHold of a
-// burst), and the share of the picks before it that came in bursts.
+// pick records a pick at at and reports whether it is in a burst, and the
+// share of the picks before it that came in bursts.
 //
 // Before its first pick a replica takes its traffic to come in bursts (a
 // share of 1, weighed as one pick) and learns otherwise from its picks'
 // mean until it has made 64, then from their decayed share. Started at
-// none, decided as one router until about thirty picks had taught it the
+// none, decided as one router until some fifty picks had taught it the
 // bursts, the replicas sent their first picks of the trace's early bursts
 // to the same server, which one router would have spread (Mooncake, 64
 // servers, 8 replicas: seven at one instant on seed 3, four of them in the
 // run's slowest 1 %; docs/BENCHMARKS.md, session 10). Picks spread in time
 // leave the lanes from the second on.
-func (w *burstWatch) pick(at, delay time.Duration) (in, opens bool, share float64) {
+func (w *burstWatch) pick(at, delay time.Duration) (bool, float64) {
 	prev := w.last.Swap(int64(at) + 1)
 	near := prev != 0 && int64(at)+1-prev < int64(delay)
-	opens = !near && int64(at) >= w.until.Load()
 	if near {
 		w.until.Store(int64(at + burstHold))
 	}
@@ -445,14 +399,15 @@ func (w *burstWatch) pick(at, delay time.Duration) (in, opens bool, share float6
 		old := w.calm.Load()
 		calm := math.Float64frombits(old)
 		if w.calm.CompareAndSwap(old, math.Float64bits(calm+weight*(miss-calm))) {
-			return int64(at) < w.until.Load(), opens, 1 - calm
+			return int64(at) < w.until.Load(), 1 - calm
 		}
 	}
 }
 
 // placementKey is what replicas agree on for req: its session key, else its
 // first prompt block; 0 (the cheapest, at random among near-ties) for a
-// single router and for a replica that decides as one (asOne).
+// single router, for a replica that decides as one (asOne) and for a
+// burst's pick in its lane (inLane).
 func (p *KVRoute) placementKey(req *Request, hashes []uint64, one bool) uint64 {
 	switch {
 	case one:

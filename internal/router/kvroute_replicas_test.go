@@ -377,8 +377,7 @@ func TestBurstKeepsToItsLane(t *testing.T) {
 	if len(laneA) != 4 || len(laneB) != 4 || slices.ContainsFunc(laneA, func(i int) bool { return slices.Contains(laneB, i) }) {
 		t.Fatalf("lanes %v and %v: want two halves", laneA, laneB)
 	}
-	// A replica's first pick keeps to its lane too (burstWatch.pick), and
-	// on an idle fleet the lanes are by address (rankLanes).
+	// A replica's first pick keeps to its lane too (burstWatch.pick).
 	for i, x := range a[:6] {
 		if !slices.Contains(laneA, x) {
 			t.Errorf("replica a's pick %d of the burst on %d, outside its lane %v", i, x, laneA)
@@ -408,17 +407,17 @@ func TestBurstyTrafficKeepsToTheLane(t *testing.T) {
 		}
 		at = at.Add(time.Second)
 	}
-	if one, lane, _ := p.mode(at); one || !lane {
+	if one, lane := p.mode(at); one || !lane {
 		t.Errorf("a burst's first pick after forty bursts: as one router %v, in its lane %v; want in its lane", one, lane)
 	}
 	q := NewKVRoute(nil, KVRouteConfig{Replicas: 2, Events: &heldBy{}, PeerPush: time.Millisecond, Lanes: lanes})
 	at = q.epoch.Add(time.Minute)
-	if one, lane, _ := q.mode(at); one || !lane {
+	if one, lane := q.mode(at); one || !lane {
 		t.Errorf("a replica's first pick: as one router %v, in its lane %v; want in its lane", one, lane)
 	}
 	for range 160 {
 		at = at.Add(10 * time.Millisecond)
-		if one, lane, _ := q.mode(at); !one || lane {
+		if one, lane := q.mode(at); !one || lane {
 			t.Fatalf("picks 10 ms apart: as one router %v, in its lane %v; want as one router", one, lane)
 		}
 	}
