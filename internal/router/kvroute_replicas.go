@@ -159,10 +159,10 @@ func (q peerPrefill) wait(prefill func(tokens float64) float64) float64 {
 // pushed counts (KVRouteConfig.PeerPush) a replica decides as one router
 // only outside a burst: while two of its own picks come less than the push
 // delay apart, the others' picks of the same burst cannot have reached it,
-// and it decides as a replica until burstHold passes without another such
-// pair, keeping to its lane given KVRouteConfig.Lanes (inLane). While some
-// peer is polled (KVRouteConfig.PeersPushed), its counts
-// are a poll old, and the replica decides as a replica too.
+// and until burstHold passes without another such pair it keeps to its
+// lane given KVRouteConfig.Lanes (inLane), else decides as a replica.
+// While some peer is polled (KVRouteConfig.PeersPushed), its counts are a
+// poll old, and the replica decides as a replica too.
 func (p *KVRoute) asOne(now time.Time) bool {
 	one, _ := p.mode(now)
 	return one
@@ -215,10 +215,13 @@ func (p *KVRoute) mode(now time.Time) (one, lanes bool) {
 // whole cost, as one router does (placementKey), but leaves out the delay
 // to the streams in flight (stream), as a replica does: priced alike by
 // replicas that cannot see each other's picks, that delay sent long
-// prompts together (as one router in the lane, the TTFT p99 was 6.28-6.55
-// s; placed by the cost without the stream's price, as a replica,
-// 6.02-6.35 s with an end-to-end p99 of 31.3-32.6 s; docs/BENCHMARKS.md,
-// session 10, for the figures of this way).
+// prompts together. Mooncake, 64 servers, 8 replicas, instant bursts,
+// seeds 1-3 (docs/BENCHMARKS.md, session 10), a fresh replica in its lane
+// in all three: so, TTFT p99 6.00, 6.02, 6.17 s (one router 6.01 s),
+// end-to-end p99 23.8-25.2 s (one router 22.1-22.8 s), 11.6-12.1 % of the
+// prompt tokens cached; placed by the cost without the stream's price, by
+// hash near the cheapest, as a replica, 5.85, 5.93, 6.16 s and 30.0-32.0 s;
+// as one router, 6.42, 6.16, 6.21 s and 24.5-26.2 s.
 
 // burstyShare is the share of a replica's picks coming within the push
 // delay of its previous one above which it keeps every pick to its lane:
