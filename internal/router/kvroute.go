@@ -420,7 +420,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 			}
 		}
 	} else {
-		key := p.placementKey(req, s.hashes, s.one)
+		key := p.placementKey(req, s.hashes, s.one || lanes)
 		decide := func(cand []candidate, cands []*fleet.Backend, best int) int {
 			return p.breakTie(cand, cands, best, floor, floorTTFT, session, hasSession, key)
 		}

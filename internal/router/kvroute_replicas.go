@@ -159,10 +159,10 @@ func (q peerPrefill) wait(prefill func(tokens float64) float64) float64 {
 // pushed counts (KVRouteConfig.PeerPush) a replica decides as one router
 // only outside a burst: while two of its own picks come less than the push
 // delay apart, the others' picks of the same burst cannot have reached it,
-// and it decides as a replica until burstHold passes without another such
-// pair, keeping to its lane given KVRouteConfig.Lanes (inLane). While some
-// peer is polled (KVRouteConfig.PeersPushed), its counts
-// are a poll old, and the replica decides as a replica too.
+// and until burstHold passes without another such pair it keeps to its
+// lane given KVRouteConfig.Lanes (inLane), else decides as a replica.
+// While some peer is polled (KVRouteConfig.PeersPushed), its counts are a
+// poll old, and the replica decides as a replica too.
 func (p *KVRoute) asOne(now time.Time) bool {
 	one, _ := p.mode(now)
 	return one
@@ -200,7 +200,9 @@ func (p *KVRoute) mode(now time.Time) (one, lanes bool) {
 // prompt out of it. On Mooncake, 64 servers, 8 replicas, the trace's
 // ticks replayed at one instant (docs/BENCHMARKS.md, Router replicas),
 // the TTFT p99 fell from 6.55-6.84 s to 6.02-6.35 s (one router: 6.01 s),
-// with 11.4-11.5 % of the prompt tokens cached (one router 12.3-12.4 %).
+// with 11.4-11.5 % of the prompt tokens cached (one router 12.3-12.4 %);
+// with a fresh replica in its lane from its first pick (burstWatch.pick)
+// and the lane's picks decided by the whole cost, see below (session 10).
 // Lanes by rendezvous hashing of each server over the replicas' names,
 // uneven (about 8 ± 3 servers of 64 each), reached 7.02 s on seed 1; no
 // lanes, but copies of the request placed greedily over as many slots as
@@ -209,10 +211,17 @@ func (p *KVRoute) mode(now time.Time) (one, lanes bool) {
 //
 // A replica cannot tell the first pick of a burst from a lone one, so
 // where most of its picks come in bursts (burstyShare), it keeps every
-// pick to its lane. Within its lane it decides as a replica: as one router
-// there (the delay to others priced, the whole cost) it kept more of the
-// cache (12.1-12.5 %) and a shorter end-to-end tail (25.5-26.3 s against
-// 31.3-32.6 s), but a longer TTFT tail (6.28-6.55 s).
+// pick to its lane. Within its lane it knows every pick and decides by the
+// whole cost, as one router does (placementKey), but leaves out the delay
+// to the streams in flight (stream), as a replica does: priced alike by
+// replicas that cannot see each other's picks, that delay sent long
+// prompts together. Mooncake, 64 servers, 8 replicas, instant bursts,
+// seeds 1-3 (docs/BENCHMARKS.md, session 10), a fresh replica in its lane
+// in all three: so, TTFT p99 6.00, 6.02, 6.17 s (one router 6.01 s),
+// end-to-end p99 23.8-25.2 s (one router 22.1-22.8 s), 11.6-12.1 % of the
+// prompt tokens cached; placed by the cost without the stream's price, by
+// hash near the cheapest, as a replica, 5.85, 5.93, 6.16 s and 30.0-32.0 s;
+// as one router, 6.42, 6.16, 6.21 s and 24.5-26.2 s.
 
 // burstyShare is the share of a replica's picks coming within the push
 // delay of its previous one above which it keeps every pick to its lane:
@@ -355,41 +364,53 @@ const burstHold = 500 * time.Millisecond
 type burstWatch struct {
 	last  atomic.Int64 // the previous pick, ns since the policy's epoch (+1: 0 is none)
 	until atomic.Int64 // a burst lasts until then, ns since the epoch
-	// share is the decayed share of picks within the delay of the
-	// previous one, a float64's bits: no lock on the pick path.
-	share atomic.Uint64
+	// calm is the decayed share of picks not within the delay of the
+	// previous one, a float64's bits: no lock on the pick path. Zero, as
+	// a replica starts, is traffic that comes in bursts (see pick).
+	calm  atomic.Uint64
+	picks atomic.Int64
 }
 
-// shareDecay is the weight of one pick in burstWatch's share: about the
-// last sixty picks decide, so that a replica learns within its first few
-// bursts that its traffic comes in bursts.
+// shareDecay is the weight of one pick in burstWatch's share once a
+// replica has made as many: about the last sixty picks decide.
 const shareDecay = 1.0 / 64
 
-// pick records a pick at at and reports whether it is in a burst, and
-// the share of picks lately that were.
+// pick records a pick at at and reports whether it is in a burst, and the
+// share of the picks before it that came in bursts.
+//
+// Before its first pick a replica takes its traffic to come in bursts (a
+// share of 1, weighed as one pick) and learns otherwise from its picks'
+// mean until it has made 64, then from their decayed share. Started at
+// none, decided as one router until some fifty picks had taught it the
+// bursts, the replicas sent their first picks of the trace's early bursts
+// to the same server, which one router would have spread (Mooncake, 64
+// servers, 8 replicas: seven at one instant on seed 3, four of them in the
+// run's slowest 1 %; docs/BENCHMARKS.md, session 10). Picks spread in time
+// leave the lanes from the second on.
 func (w *burstWatch) pick(at, delay time.Duration) (bool, float64) {
 	prev := w.last.Swap(int64(at) + 1)
 	near := prev != 0 && int64(at)+1-prev < int64(delay)
 	if near {
 		w.until.Store(int64(at + burstHold))
 	}
-	hit := 0.0
+	miss := 1.0
 	if near {
-		hit = 1
+		miss = 0
 	}
+	weight := max(shareDecay, 1/float64(w.picks.Add(1)+1))
 	for {
-		old := w.share.Load()
-		share := math.Float64frombits(old)
-		share += shareDecay * (hit - share)
-		if w.share.CompareAndSwap(old, math.Float64bits(share)) {
-			return int64(at) < w.until.Load(), share
+		old := w.calm.Load()
+		calm := math.Float64frombits(old)
+		if w.calm.CompareAndSwap(old, math.Float64bits(calm+weight*(miss-calm))) {
+			return int64(at) < w.until.Load(), 1 - calm
 		}
 	}
 }
 
 // placementKey is what replicas agree on for req: its session key, else its
 // first prompt block; 0 (the cheapest, at random among near-ties) for a
-// single router and for a replica that decides as one (asOne).
+// single router, for a replica that decides as one (asOne) and for a
+// burst's pick in its lane (inLane).
 func (p *KVRoute) placementKey(req *Request, hashes []uint64, one bool) uint64 {
 	switch {
 	case one:
