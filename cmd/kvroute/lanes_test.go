@@ -196,7 +196,7 @@ func TestBurstLanes(t *testing.T) {
 func freeRun(t *testing.T, n int) int {
 	t.Helper()
 	for range 100 {
-		first, _ := strconv.Atoi(strings.TrimPrefix(deadURL(t), "http://127.0.0.1:"))
+		first, _ := strconv.Atoi(strings.TrimPrefix(freePort(t), "127.0.0.1:"))
 		if first+n > 65535 {
 			continue
 		}

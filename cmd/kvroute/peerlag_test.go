@@ -152,7 +152,7 @@ func processes(t *testing.T) (run func(args ...string), port func() string) {
 		}
 		t.Cleanup(func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() })
 	}
-	port = func() string { return strings.TrimPrefix(deadURL(t), "http://") }
+	port = func() string { return freePort(t) }
 	return run, port
 }
 

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/kvroute/kvroute/internal/testfleet"
 )
 
 func TestParseServeFlags(t *testing.T) {
@@ -114,15 +116,20 @@ func startEmulators(t *testing.T, n int) []string {
 	return <-ready
 }
 
-// deadURL is the address of a port nobody listens on.
-func deadURL(t *testing.T) string {
+// deadURL is the address of a port nobody listens on, nor can until the
+// test ends (testfleet.DeadAddr).
+func deadURL(t *testing.T) string { return "http://" + testfleet.DeadAddr(t) }
+
+// freePort is a 127.0.0.1 address nobody listened on a moment ago, for a
+// process the test starts there later (another may take it first).
+func freePort(t *testing.T) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	return "http://" + addr
+	return addr
 }
 
 type chatReply struct {

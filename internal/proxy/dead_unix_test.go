@@ -5,32 +5,15 @@ package proxy
 import (
 	"errors"
 	"net"
-	"strconv"
 	"syscall"
 	"testing"
+
+	"github.com/kvroute/kvroute/internal/testfleet"
 )
 
 // deadPort is a 127.0.0.1 address where nothing listens and nothing else
-// can until the test ends: a socket bound there and never listening, made
-// without SO_REUSEADDR (which every net.Listen sets), so that no listener
-// shares the port nor is given it. A connection to it is refused.
-func deadPort(t testing.TB) string {
-	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	syscall.CloseOnExec(fd)
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
-}
+// can until the test ends (testfleet.DeadAddr).
+func deadPort(t testing.TB) string { return testfleet.DeadAddr(t) }
 
 // A dead port refuses connections, and no listener is given it or shares
 // it while the test runs.
