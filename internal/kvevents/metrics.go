@@ -34,7 +34,7 @@ func NewMetrics() *Metrics {
 		gaps:     counter("kvroute_kv_event_gaps_total", "Missed sequence numbers detected on the backend's KV event stream."),
 		replayed: counter("kvroute_kv_event_replayed_total", "KV event batches recovered from the backend's replay socket."),
 		resets:   counter("kvroute_kv_event_resets_total", "Times the backend's block state was dropped, by reason (connect, restart, gap).", "reason"),
-		probes:   counter("kvroute_kv_event_probes_total", "Replay requests after a quiet spell (--kv-events-probe), by result: current (nothing missed), recovered (lost batches replayed), gap (the replay had a hole: state reset to partial).", "result"),
+		probes:   counter("kvroute_kv_event_probes_total", "Replay requests after a quiet spell (--kv-events-probe), by result: current (nothing missed), recovered (lost batches replayed), gap (the replay had a hole: state reset to partial), failed (the replay did not answer).", "result"),
 		lag:      gauge("kvroute_kv_event_lag_seconds", "Seconds between the engine publishing the latest batch and the router applying it."),
 		state:    gauge("kvroute_kv_event_state", "How far the backend's block state is trusted: 0 unknown (the index decides), 1 partial, 2 exact."),
 		blocks:   gauge("kvroute_kv_event_blocks", "Blocks the backend's engine holds, by medium, as its events say.", "medium"),

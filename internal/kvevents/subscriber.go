@@ -275,10 +275,14 @@ func (s *Subscriber) probeTail(ctx context.Context) {
 	whole := s.catchUp(ctx, last+1, -1)
 	switch {
 	case s.last == last:
-		// Nothing was missing (or the replay failed, logged): no live
+		// Nothing was missing, or the replay failed (logged): no live
 		// batch is a duplicate of a replayed one.
 		s.afterReplay = after
-		s.metrics.probe(s.src.Name, "current")
+		if whole {
+			s.metrics.probe(s.src.Name, "current")
+		} else {
+			s.metrics.probe(s.src.Name, "failed")
+		}
 	case whole:
 		s.log.Info("kv events: recovered batches lost before a quiet spell", "from", last+1, "to", s.last)
 		s.metrics.probe(s.src.Name, "recovered")
