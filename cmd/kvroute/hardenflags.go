@@ -14,12 +14,18 @@ import (
 // backend that has not answered a SYN in 3 s is not there.
 const defaultConnectTimeout = 3 * time.Second
 
+// defaultGCFloorMiB lets a router's small live heap grow to 128 MiB between
+// collections, each of which charges the requests arriving during it
+// (internal/gctune): memory any host running a router can spare.
+const defaultGCFloorMiB = 128
+
 // registerHardening adds the flags of timeouts, retries, outlier ejection,
 // overload and drain; docs/operations.md gives each its reason.
 func registerHardening(fs *flag.FlagSet, cfg *serveConfig) {
 	r, o, s, ej := &cfg.resilience, &cfg.overload, &cfg.server, &cfg.fleet.Outlier
 	fs.DurationVar(&cfg.connectTimeout, "connect-timeout", defaultConnectTimeout, "limit of a connection to a backend")
 	fs.BoolVar(&cfg.stdlibUpstream, "stdlib-upstream", false, "send requests to plain-http backends through net/http's Transport rather than the proxy's lean HTTP/1.1 path")
+	fs.IntVar(&cfg.gcFloorMiB, "gc-floor-mib", defaultGCFloorMiB, "the heap may grow to this many MiB before the garbage collector runs; above it GOGC applies as usual (0: GOGC alone; GOGC=off or GOMEMLIMIT in the environment still rule)")
 	fs.BoolVar(&cfg.netConnIO, "netconn-io", false, "read and write client and backend sockets through net.Conn rather than with raw system calls that leave the Go runtime's monitor thread asleep")
 	fs.DurationVar(&r.FirstTokenFloor, "first-token-floor", proxy.DefaultFirstTokenFloor, "a stream's first token is due within this plus --first-token-factor × its predicted TTFT; then it is retried elsewhere (negative: no limit)")
 	fs.Float64Var(&r.FirstTokenFactor, "first-token-factor", proxy.DefaultFirstTokenFactor, "see --first-token-floor")

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/gctune"
 	"github.com/kvroute/kvroute/internal/peers"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
@@ -29,6 +30,7 @@ type serveConfig struct {
 	connectTimeout time.Duration
 	stdlibUpstream bool // hardenflags.go
 	netConnIO      bool // hardenflags.go
+	gcFloorMiB     int  // hardenflags.go
 	backends       []*fleet.Backend
 	fleet          fleet.Options
 	discovery      discoveryConfig
@@ -141,6 +143,8 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 		return cfg, errors.New("--first-token-factor and --eject-latency-factor must not be negative")
 	case cfg.connectTimeout <= 0 || cfg.overload.Admission.QueueTimeout < 0:
 		return cfg, errors.New("--connect-timeout must be positive and --queue-timeout not negative")
+	case cfg.gcFloorMiB < 0:
+		return cfg, fmt.Errorf("--gc-floor-mib must not be negative, got %d", cfg.gcFloorMiB)
 	}
 	if err := core.check(); err != nil {
 		return cfg, err
@@ -177,6 +181,8 @@ func runServe(args []string, _, stderr io.Writer) int {
 	}
 	ctx, stop := signalContext()
 	defer stop()
+	// Process-wide, so here and not in serve, which tests run several of.
+	defer gctune.Start(uint64(cfg.gcFloorMiB) << 20).Stop()
 	if err := serve(ctx, cfg, log, nil); err != nil {
 		log.Error("serve failed", "err", err)
 		return 1

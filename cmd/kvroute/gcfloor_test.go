@@ -1,0 +1,58 @@
+package main
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/kvroute/kvroute/internal/testfleet"
+)
+
+// TestServeGCFloor runs serve as its own process, as the floor is the
+// process's: with the default floor its small heap runs at a GOGC far above
+// 100, with a smaller floor lower, with --gc-floor-mib 0 at GOGC's 100.
+func TestServeGCFloor(t *testing.T) {
+	run, port := processes(t)
+	backend := "http://" + testfleet.DeadAddr(t)
+	gogc := func(args ...string) float64 {
+		t.Helper()
+		api, metrics := port(), port()
+		run(append([]string{"serve", "--listen", api, "--metrics-listen", metrics, "--backend", backend, "--log-level", "error"}, args...)...)
+		base := "http://" + metrics
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if mf := scrapeOrNil(base)["go_gc_gogc_percent"]; mf != nil {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("serve %v: no go_gc_gogc_percent at %s", args, base)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if g := gogc(); g < 1000 {
+		t.Errorf("default floor (128 MiB): GOGC %v, want the floor over a live heap of a few MiB, over 1000", g)
+	}
+	if g := gogc("--gc-floor-mib", "0"); g != 100 {
+		t.Errorf("--gc-floor-mib 0: GOGC %v, want 100", g)
+	}
+	if g := gogc("--gc-floor-mib", "32"); g < 200 || g > 1000 {
+		t.Errorf("--gc-floor-mib 32: GOGC %v, want about 32 MiB over a live heap of a few MiB", g)
+	}
+}
+
+// scrapeOrNil reads the metrics at base; nil while it does not answer yet.
+func scrapeOrNil(base string) map[string]*dto.MetricFamily {
+	res, err := http.Get(base + "/metrics")
+	if err != nil {
+		return nil
+	}
+	defer res.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, _ := parser.TextToMetricFamilies(res.Body)
+	return mfs
+}
