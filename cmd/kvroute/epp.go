@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/epp"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/gctune"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -22,6 +23,7 @@ type eppConfig struct {
 	discovery discoveryConfig // discoveryflags.go
 	grace     time.Duration
 	logLevel  slog.Level
+	gcFloor   int // MiB
 }
 
 // eppGrace is how long requests in flight get on SIGTERM before their
@@ -57,6 +59,7 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 	fs.BoolVar(&po.IncludeUsage, "include-usage", true, "ask backends for the usage chunk of streams that did not, so the policy learns cached tokens (the client sees the chunk)")
 	fs.DurationVar(&cfg.grace, "grace", eppGrace, "on SIGTERM, how long open streams get to finish")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
+	fs.IntVar(&cfg.gcFloor, "gc-floor-mib", defaultGCFloorMiB, "the heap may grow to this many MiB before the garbage collector runs; above it GOGC applies as usual (0: GOGC alone)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute epp --pool-name NAME [--pool-namespace NS] | --endpoint IP:PORT ... [flags]\n\n"+
 			"Serves the endpoint picker of the Gateway API Inference Extension: an Envoy external\n"+
@@ -112,6 +115,9 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 	if err := core.check(); err != nil {
 		return cfg, err
 	}
+	if cfg.gcFloor < 0 {
+		return cfg, fmt.Errorf("--gc-floor-mib must not be negative, got %d", cfg.gcFloor)
+	}
 	if _, err := router.New(sc.Policy, sc.Backends, sc.Router); err != nil {
 		return cfg, err
 	}
@@ -126,6 +132,7 @@ func runEpp(args []string, _, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
 	ctx, stop := signalContext()
 	defer stop()
+	defer gctune.Start(uint64(cfg.gcFloor) << 20).Stop() // process-wide: not in runPicker
 	if err := runPicker(ctx, cfg, log, nil); err != nil {
 		log.Error("epp failed", "err", err)
 		return 1
