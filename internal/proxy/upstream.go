@@ -72,6 +72,10 @@ type leanConn struct {
 	inq int8
 	// close closes nc: made once, for every request's context.AfterFunc.
 	close func()
+	// pushFD is the callback that pushes the body of pushing, the
+	// response being pushed, off the socket: made once (push_unix.go).
+	pushFD  func(fd uintptr) bool
+	pushing *leanBody
 }
 
 // newLeanTransport returns the lean path in front of std, or nil when std is
@@ -217,6 +221,11 @@ type leanBody struct {
 	// chunked is set for a chunked body, which push can take; read once
 	// the body has been read from.
 	chunked, read bool
+	// push's decoder, and its socket callback's state (push_unix.go).
+	dec     chunkDecoder
+	pushDec *chunkDecoder
+	sink    byteSink
+	pushErr error
 }
 
 var errBodyClosed = errors.New("read of a closed response body")
@@ -276,8 +285,10 @@ func (t *leanTransport) conn(ctx context.Context, key string) (*leanConn, error)
 	if t.raw {
 		nc = rawsock.Wrap(nc)
 	}
-	return &leanConn{nc: nc, br: newLeanReader(nc, t.rbytes), bw: newLeanWriter(nc, t.wbytes), key: key,
-		close: func() { nc.Close() }}, nil
+	c := &leanConn{nc: nc, br: newLeanReader(nc, t.rbytes), bw: newLeanWriter(nc, t.wbytes), key: key,
+		close: func() { nc.Close() }}
+	c.initPush()
+	return c, nil
 }
 
 // The buffers of connections closed, for the next ones dialled: clients
