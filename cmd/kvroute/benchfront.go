@@ -26,7 +26,7 @@ func parseBenchFrontFlags(args []string, output io.Writer) (frontbench.Config, s
 	)
 	fs.StringVar(&conc, "streams", "100,500,2000", "concurrent streams, comma-separated: each is measured through every front")
 	fs.StringVar(&names, "fronts", "", "fronts, comma-separated (default: all installed but base/*): "+strings.Join(frontbench.FrontNames(), ", "))
-	fs.IntVar(&cfg.Events, "events", 50, "content events per stream")
+	fs.IntVar(&cfg.Events, "events", 50, "content events per stream (1: a run of nearly nothing but the requests' own work, no chunk gaps)")
 	fs.DurationVar(&cfg.Gap, "gap", 0, "time between a stream's events (0: 20ms, longer where the streams would pass --event-rate)")
 	fs.Float64Var(&cfg.EventRate, "event-rate", 10000, "most events a second in all when --gap is 0: the one CPU of the backends and the load generator must keep up")
 	fs.DurationVar(&cfg.Warmup, "warmup", 2*time.Second, "streams start over this time and are not measured")
@@ -73,8 +73,8 @@ func parseBenchFrontFlags(args []string, output io.Writer) (frontbench.Config, s
 		}
 	}
 	switch {
-	case cfg.Events < 2 || cfg.Backends < 1 || cfg.Rounds < 1:
-		return cfg, "", ra, "", errors.New("--events must be at least 2, --backends and --rounds at least 1")
+	case cfg.Events < 1 || cfg.Backends < 1 || cfg.Rounds < 1:
+		return cfg, "", ra, "", errors.New("--events, --backends and --rounds must be at least 1")
 	case cfg.Gap < 0 || cfg.EventRate <= 0 || cfg.Warmup < 0 || cfg.Duration <= 0:
 		return cfg, "", ra, "", errors.New("--gap and --warmup must not be negative, --event-rate and --duration must be positive")
 	}

@@ -513,7 +513,13 @@ func WriteTable(w io.Writer, rep *Report) {
 		if r.Streams != streams {
 			tw.Flush()
 			streams, direct = r.Streams, nil
-			fmt.Fprintf(w, "\n%d streams, one event every %.0f ms each (%.0f events/s in all)\n\n", r.Streams, r.GapMS, float64(r.Streams)/r.GapMS*1000)
+			if rep.Events == 1 {
+				// Each stream's next request follows its one event at once:
+				// the rate is what the fronts and the load generator keep up.
+				fmt.Fprintf(w, "\n%d streams, one event each, requests back to back (CPU per 10k events is per 10k requests)\n\n", r.Streams)
+			} else {
+				fmt.Fprintf(w, "\n%d streams, one event every %.0f ms each (%.0f events/s in all)\n\n", r.Streams, r.GapMS, float64(r.Streams)/r.GapMS*1000)
+			}
 			fmt.Fprintln(tw, "front\tTTFT p50 ms\tTTFT p99 ms\tadded p50 ms\tadded p99 ms\tchunk gap p99 ms\tevent delay p99 ms\tCPU s / 10k events\tGC cycles (all rounds)\tallocs / stream\tKB alloc / stream\tstreams measured\terrors")
 		}
 		if r.Front == frontDirect {

@@ -472,7 +472,10 @@ type heldWriter struct {
 	status int
 	header http.Header // copied into the response's headers when sent
 	sent   bool
-	onSend func() // called when the response is sent
+	// onSend, when set, has its retry of the budget given back when the
+	// response is sent (the attempt has answered): the attempt itself,
+	// where a closure would be an allocation a request.
+	onSend *attempt
 }
 
 func (h *heldWriter) send() {
@@ -480,8 +483,8 @@ func (h *heldWriter) send() {
 		return
 	}
 	h.sent = true
-	if h.onSend != nil {
-		h.onSend()
+	if a := h.onSend; a != nil {
+		a.p.retried(a.c)
 	}
 	dst := h.ResponseWriter.Header()
 	for k, vv := range h.header {

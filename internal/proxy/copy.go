@@ -29,6 +29,7 @@ type attempt struct {
 	dog  watchdog
 	hw   heldWriter
 	sc   eventScanner
+	ec   eventCopier
 	body idleReader
 	sink idleSink
 	// first is set at the first token; complete when the response was
@@ -109,7 +110,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 		return &failure{kind: "status", status: res.StatusCode, retryAfter: wait}, false
 	}
 	a.status = statusLabel(res.StatusCode)
-	a.hw = heldWriter{ResponseWriter: w, status: res.StatusCode, header: res.Header, onSend: func() { p.retried(c) }}
+	a.hw = heldWriter{ResponseWriter: w, status: res.StatusCode, header: res.Header, onSend: a}
 	hw := &a.hw
 	p.setRouteHeaders(w, &t.Decision)
 	stream, announced := responseHeaders(res)
@@ -123,7 +124,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	if stream {
 		a.sc = eventScanner{hideUsage: c.hideUsage}
 		sc := &a.sc
-		readErr, writeErr = copyEvents(hw, body, sc, a.firstToken)
+		readErr, writeErr = a.ec.copy(hw, body, sc, a)
 		a.out.Tokens, a.out.ResponseID = sc.tokens, sc.responseID
 		if sc.sawUsage {
 			a.setUsage(sc.usage)

@@ -405,9 +405,11 @@ func withIncludeUsage(body []byte) ([]byte, bool) {
 	so, found := lookup(body, "stream_options")
 	if !found {
 		at := skipSpace(body, 0) + 1 // just inside the top-level '{'
-		ins := `"stream_options":{` + set + `}`
-		if body[skipSpace(body, at)] != '}' {
-			ins += ","
+		// Constants, not a concatenation: that would be an allocation
+		// of its own for every streamed request.
+		ins := `"stream_options":{` + set + `},`
+		if body[skipSpace(body, at)] == '}' {
+			ins = ins[:len(ins)-1]
 		}
 		return splice(body, at, at, ins), true
 	}
@@ -419,9 +421,9 @@ func withIncludeUsage(body []byte) ([]byte, bool) {
 		if iu, ok := lookup(v, "include_usage"); ok {
 			return splice(body, so.val+iu.val, so.val+iu.end, "true"), true
 		}
-		ins := set
-		if v[skipSpace(v, 1)] != '}' {
-			ins += ","
+		ins := set + ","
+		if v[skipSpace(v, 1)] == '}' {
+			ins = ins[:len(ins)-1]
 		}
 		return splice(body, so.val+1, so.val+1, ins), true
 	}

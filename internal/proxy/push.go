@@ -23,8 +23,10 @@ type byteSink interface {
 	// sink's buffer, or an error (the buffer may grow no more).
 	space() ([]byte, error)
 	// took says that the first n bytes of the last space hold the body's
-	// next bytes; more is set when more are already waiting. An error stops
-	// the push and is returned by it.
+	// next bytes; more is set when more are already waiting, or when these
+	// end the body: either way a flush now would only split what goes out
+	// next (the response's end goes out when its handler returns). An error
+	// stops the push and is returned by it.
 	took(n int, more bool) error
 }
 
@@ -61,13 +63,13 @@ func (b *leanBody) push(s byteSink) (ok bool, err error) {
 		return false, nil
 	}
 	b.read = true
-	var d chunkDecoder
-	err = b.pushBuffered(&d, s)
+	d := &b.dec // in the body: on its own it would be allocated, as pushSocket's callback takes it
+	err = b.pushBuffered(d, s)
 	if err == nil && !d.done() {
-		err = b.pushSocket(raw, &d, s)
+		err = b.pushSocket(raw, d, s)
 	}
 	if err == nil {
-		err = b.endChunked(&d)
+		err = b.endChunked(d)
 	}
 	b.eof = err == nil
 	b.release(b.eof)
@@ -90,7 +92,7 @@ func (b *leanBody) pushBuffered(d *chunkDecoder, s byteSink) error {
 		if used < k {
 			b.keep = false // bytes after the body: not a connection to reuse
 		}
-		if err := took(s, n, br.Buffered() > 0, err); err != nil {
+		if err := took(s, n, br.Buffered() > 0 || d.done(), err); err != nil {
 			return err
 		}
 	}

@@ -13,3 +13,5 @@ const canPushSocket = false
 func (b *leanBody) pushSocket(syscall.RawConn, *chunkDecoder, byteSink) error {
 	return errors.ErrUnsupported
 }
+
+func (c *leanConn) initPush() {}

@@ -181,17 +181,27 @@ func TestPushedStreamBreaksOff(t *testing.T) {
 	}
 }
 
-// recordSink keeps what is pushed to it, through a small buffer.
+// recordSink keeps what is pushed to it, through a small buffer (16 bytes
+// unless size is set).
 type recordSink struct {
-	buf  [16]byte
+	buf  [4096]byte
+	size int // of the buffer it offers: 16 unless set
 	got  []byte
 	reqs int
+	more bool // the last took's
 }
 
-func (s *recordSink) space() ([]byte, error) { s.reqs++; return s.buf[:], nil }
+func (s *recordSink) space() ([]byte, error) {
+	s.reqs++
+	if s.size == 0 {
+		return s.buf[:16], nil
+	}
+	return s.buf[:s.size], nil
+}
 
 func (s *recordSink) took(n int, more bool) error {
 	s.got = append(s.got, s.buf[:n]...)
+	s.more = more
 	return nil
 }
 
@@ -210,13 +220,18 @@ func TestLeanBodyPush(t *testing.T) {
 		return res
 	}
 	res := roundTrip()
-	var s recordSink
+	s := recordSink{size: 4096} // the whole body in one read
 	ok, err := res.Body.(pusher).push(&s)
 	if !ok || err != nil {
 		t.Fatalf("push: ok %v, err %v", ok, err)
 	}
 	if string(s.got) != evHi+evThere+evDone || res.Trailer.Get("X-Backend-Ttft") != "7" {
 		t.Fatalf("pushed %q, trailers %v", s.got, res.Trailer)
+	}
+	if !s.more {
+		// The response's end follows at once: a flush of the last bytes
+		// would be a write of their own.
+		t.Error("the body's last bytes were pushed without more, as if a flush were due")
 	}
 	if n := lt.idleCount(); n != 1 {
 		t.Errorf("%d idle connections after a pushed body, want 1", n)
@@ -271,7 +286,8 @@ func TestCopyEventsPushed(t *testing.T) {
 		{name: "an event a read", pieces: []string{evHi, evThere, evDone}, more: []bool{false, false, false}, flushes: 3},
 		{name: "split events", pieces: []string{evHi[:7], evHi[7:] + evThere[:3], evThere[3:], evDone}, more: []bool{false, false, false, false}, flushes: 3},
 		{name: "more waiting", pieces: []string{evHi, evThere, evDone}, more: []bool{true, false, false}, flushes: 2},
-		{name: "no blank line at the end", pieces: []string{evHi, "data: [DONE]"}, more: []bool{false, false}, flushes: 2},
+		// The end's last event goes out with the response's end, unflushed.
+		{name: "no blank line at the end", pieces: []string{evHi, "data: [DONE]"}, more: []bool{false, false}, flushes: 1},
 		{name: "larger than the buffer", pieces: []string{evHi, big[:100], big[100:], evDone}, more: []bool{false, false, false, false}, flushes: 3},
 	}
 	for _, tt := range tests {

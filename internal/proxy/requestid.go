@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net/http"
+	"unsafe"
 )
 
 // HeaderRequestID carries a request's ID: taken from the client when it
@@ -55,5 +56,9 @@ func validRequestID(id string) bool {
 func newRequestID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	// hex.EncodeToString would allocate twice (its buffer, then the
+	// string); the buffer becomes the string, never written again.
+	id := make([]byte, hex.EncodedLen(len(b)))
+	hex.Encode(id, b[:])
+	return unsafe.String(&id[0], len(id))
 }

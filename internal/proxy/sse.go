@@ -242,14 +242,40 @@ var errEventTooLarge = fmt.Errorf("event stream: an event is larger than %d byte
 // write. Each event goes through sc.inspect on its way; onFirst is called
 // when the first chunk with content has been written. It returns the
 // backend's read error or the client's write error, whichever ended the
-// copy; both nil at the end of the stream. It allocates nothing per event.
+// copy; both nil at the end of the stream. What is written with the
+// stream's end is not flushed: the handler's return flushes it with the
+// response's last chunk, in one write to the client where a flush here
+// would make two (and wake the client twice). It allocates nothing per
+// event.
 func copyEvents(w http.ResponseWriter, src io.Reader, sc *eventScanner, onFirst func()) (readErr, writeErr error) {
+	var first firstNoter
+	if onFirst != nil {
+		first = noteFirst(onFirst)
+	}
+	return new(eventCopier).copy(w, src, sc, first)
+}
+
+// firstNoter is told when the first content has been written: the
+// attempt, which is one (an interface holding it allocates nothing, where
+// its method value would be an allocation a request).
+type firstNoter interface{ firstToken() }
+
+// noteFirst is a func as a firstNoter.
+type noteFirst func()
+
+func (f noteFirst) firstToken() { f() }
+
+// copy is copyEvents with the copier's state in ec, a zero eventCopier
+// that may live in a larger object (the attempt): on its own it would be
+// allocated for every stream, as push takes it as an interface.
+func (ec *eventCopier) copy(w http.ResponseWriter, src io.Reader, sc *eventScanner, onFirst firstNoter) (readErr, writeErr error) {
 	rc := flusherOf(w)
 	bp := streamBufs.Get().(*[]byte)
 	defer streamBufs.Put(bp) // a grown buffer is left to the GC
-	ec := eventCopier{w: w, rc: rc, sc: sc, onFirst: onFirst, buf: *bp}
+	*ec = eventCopier{w: w, rc: rc, sc: sc, onFirst: onFirst, buf: *bp}
+	defer func() { ec.buf = nil }() // the buffer goes back to the pool
 	if p, ok := src.(pusher); ok {
-		if pushed, err := p.push(&ec); pushed {
+		if pushed, err := p.push(ec); pushed {
 			return ec.endPush(err)
 		}
 	}
@@ -267,13 +293,10 @@ func copyEvents(w http.ResponseWriter, src io.Reader, sc *eventScanner, onFirst 
 				return rerr, nil
 			}
 			// A stream that ends without a blank line still ends its
-			// last event.
-			if last, err := ec.forwardRest(); err != nil {
-				return nil, err
-			} else if wrote || last {
-				return nil, flush(rc)
-			}
-			return nil, nil
+			// last event; what this read brought goes out with the
+			// response's end.
+			_, err := ec.forwardRest()
+			return nil, err
 		}
 		if wrote {
 			if err := flush(rc); err != nil {
@@ -289,7 +312,7 @@ type eventCopier struct {
 	w                http.ResponseWriter
 	rc               flusher
 	sc               *eventScanner
-	onFirst          func()
+	onFirst          firstNoter
 	buf              []byte
 	head, tail, scan int
 	// When pushed: unflushed is set while events written wait for a
@@ -330,7 +353,8 @@ func (ec *eventCopier) took(n int, more bool) error {
 }
 
 // endPush ends a pushed stream as copyEvents' loop ends a read one; err is
-// push's.
+// push's. The events of the last read were not flushed (took was told the
+// body ended with them): they go out with the response's end.
 func (ec *eventCopier) endPush(err error) (readErr, writeErr error) {
 	switch {
 	case ec.werr != nil:
@@ -338,14 +362,8 @@ func (ec *eventCopier) endPush(err error) (readErr, writeErr error) {
 	case err != nil:
 		return err, nil
 	}
-	last, err := ec.forwardRest()
-	if err != nil {
-		return nil, err
-	}
-	if last || ec.unflushed {
-		return nil, flush(ec.rc)
-	}
-	return nil, nil
+	_, err = ec.forwardRest()
+	return nil, err
 }
 
 // read reads once from src into the free end of the buffer, first making
@@ -473,7 +491,7 @@ func (ec *eventCopier) write(from, to, written int) error {
 // written content chunks.
 func (ec *eventCopier) firstContent(written int) {
 	if written > 0 && ec.onFirst != nil {
-		ec.onFirst()
+		ec.onFirst.firstToken()
 		ec.onFirst = nil
 	}
 }

@@ -72,6 +72,16 @@ type leanConn struct {
 	inq int8
 	// close closes nc: made once, for every request's context.AfterFunc.
 	close func()
+	// pushFD is the callback that pushes the body of pushing, the
+	// response being pushed, off the socket: made once (push_unix.go).
+	pushFD  func(fd uintptr) bool
+	pushing *leanBody
+	// raw is nc's raw connection (nil if it has none), for send; wait is
+	// its callback, made once, and flushed and flushErr its state.
+	raw      syscall.RawConn
+	wait     func(uintptr) bool
+	flushed  bool
+	flushErr error
 }
 
 // newLeanTransport returns the lean path in front of std, or nil when std is
@@ -172,8 +182,9 @@ func (t *leanTransport) exchange(c *leanConn, req *http.Request) (*http.Response
 		return nil, err
 	}
 	err := writeRequest(c.bw, req)
+	var rerr error
 	if err == nil {
-		err = c.bw.Flush()
+		err, rerr = c.send()
 	}
 	if err != nil {
 		if isConnClosed(err) {
@@ -181,7 +192,10 @@ func (t *leanTransport) exchange(c *leanConn, req *http.Request) (*http.Response
 		}
 		return fail(err)
 	}
-	if _, err := c.br.Peek(1); err != nil {
+	if rerr == nil {
+		_, rerr = c.br.Peek(1)
+	}
+	if err := rerr; err != nil {
 		if isConnClosed(err) {
 			err = errors.Join(errIdleClosed, err)
 		}
@@ -197,6 +211,38 @@ func (t *leanTransport) exchange(c *leanConn, req *http.Request) (*http.Response
 	chunked := res.Body != http.NoBody && len(res.TransferEncoding) == 1 && res.TransferEncoding[0] == "chunked"
 	res.Body = &leanBody{t: t, c: c, res: res, body: res.Body, stop: stop, keep: !res.Close && !req.Close, chunked: chunked}
 	return res, nil
+}
+
+// send flushes the request written to c.bw and waits until the response
+// can be read (werr is the write's error, rerr the wait's). Peeking at once
+// would read the socket right after the request left, to find nothing (a
+// system call answered EAGAIN every request) and then wait. Waiting first
+// is safe only if no edge can be missed: Go's poller forgets the socket's
+// readiness when a read begins, so the flush is made inside the raw read,
+// after that, and any byte of the response, or the reset of a connection
+// the backend closed while idle, raises an edge after it.
+func (c *leanConn) send() (werr, rerr error) {
+	if c.raw == nil || c.br.Buffered() > 0 {
+		return c.bw.Flush(), nil
+	}
+	c.flushed, c.flushErr = false, nil
+	rerr = c.raw.Read(c.wait)
+	if c.flushErr != nil {
+		return c.flushErr, nil
+	}
+	return nil, rerr
+}
+
+// flushWait is send's callback, made once per connection: its first call
+// flushes the request and waits (false); the next, once the socket is
+// readable, returns.
+func (c *leanConn) flushWait(uintptr) bool {
+	if c.flushed {
+		return true
+	}
+	c.flushed = true
+	c.flushErr = c.bw.Flush()
+	return c.flushErr != nil
 }
 
 // isConnClosed reports whether err is a connection the peer closed or reset.
@@ -217,6 +263,11 @@ type leanBody struct {
 	// chunked is set for a chunked body, which push can take; read once
 	// the body has been read from.
 	chunked, read bool
+	// push's decoder, and its socket callback's state (push_unix.go).
+	dec     chunkDecoder
+	pushDec *chunkDecoder
+	sink    byteSink
+	pushErr error
 }
 
 var errBodyClosed = errors.New("read of a closed response body")
@@ -276,8 +327,15 @@ func (t *leanTransport) conn(ctx context.Context, key string) (*leanConn, error)
 	if t.raw {
 		nc = rawsock.Wrap(nc)
 	}
-	return &leanConn{nc: nc, br: newLeanReader(nc, t.rbytes), bw: newLeanWriter(nc, t.wbytes), key: key,
-		close: func() { nc.Close() }}, nil
+	c := &leanConn{nc: nc, br: newLeanReader(nc, t.rbytes), bw: newLeanWriter(nc, t.wbytes), key: key,
+		close: func() { nc.Close() }}
+	c.initPush()
+	if sc, ok := nc.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			c.raw, c.wait = raw, c.flushWait
+		}
+	}
+	return c, nil
 }
 
 // The buffers of connections closed, for the next ones dialled: clients
