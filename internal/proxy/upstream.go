@@ -76,12 +76,6 @@ type leanConn struct {
 	// response being pushed, off the socket: made once (push_unix.go).
 	pushFD  func(fd uintptr) bool
 	pushing *leanBody
-	// raw is nc's raw connection (nil if it has none), for send; wait is
-	// its callback, made once, and flushed and flushErr its state.
-	raw      syscall.RawConn
-	wait     func(uintptr) bool
-	flushed  bool
-	flushErr error
 }
 
 // newLeanTransport returns the lean path in front of std, or nil when std is
@@ -182,9 +176,8 @@ func (t *leanTransport) exchange(c *leanConn, req *http.Request) (*http.Response
 		return nil, err
 	}
 	err := writeRequest(c.bw, req)
-	var rerr error
 	if err == nil {
-		err, rerr = c.send()
+		err = c.bw.Flush()
 	}
 	if err != nil {
 		if isConnClosed(err) {
@@ -192,10 +185,7 @@ func (t *leanTransport) exchange(c *leanConn, req *http.Request) (*http.Response
 		}
 		return fail(err)
 	}
-	if rerr == nil {
-		_, rerr = c.br.Peek(1)
-	}
-	if err := rerr; err != nil {
+	if _, err := c.br.Peek(1); err != nil {
 		if isConnClosed(err) {
 			err = errors.Join(errIdleClosed, err)
 		}
@@ -211,38 +201,6 @@ func (t *leanTransport) exchange(c *leanConn, req *http.Request) (*http.Response
 	chunked := res.Body != http.NoBody && len(res.TransferEncoding) == 1 && res.TransferEncoding[0] == "chunked"
 	res.Body = &leanBody{t: t, c: c, res: res, body: res.Body, stop: stop, keep: !res.Close && !req.Close, chunked: chunked}
 	return res, nil
-}
-
-// send flushes the request written to c.bw and waits until the response
-// can be read (werr is the write's error, rerr the wait's). Peeking at once
-// would read the socket right after the request left, to find nothing (a
-// system call answered EAGAIN every request) and then wait. Waiting first
-// is safe only if no edge can be missed: Go's poller forgets the socket's
-// readiness when a read begins, so the flush is made inside the raw read,
-// after that, and any byte of the response, or the reset of a connection
-// the backend closed while idle, raises an edge after it.
-func (c *leanConn) send() (werr, rerr error) {
-	if c.raw == nil || c.br.Buffered() > 0 {
-		return c.bw.Flush(), nil
-	}
-	c.flushed, c.flushErr = false, nil
-	rerr = c.raw.Read(c.wait)
-	if c.flushErr != nil {
-		return c.flushErr, nil
-	}
-	return nil, rerr
-}
-
-// flushWait is send's callback, made once per connection: its first call
-// flushes the request and waits (false); the next, once the socket is
-// readable, returns.
-func (c *leanConn) flushWait(uintptr) bool {
-	if c.flushed {
-		return true
-	}
-	c.flushed = true
-	c.flushErr = c.bw.Flush()
-	return c.flushErr != nil
 }
 
 // isConnClosed reports whether err is a connection the peer closed or reset.
@@ -330,11 +288,6 @@ func (t *leanTransport) conn(ctx context.Context, key string) (*leanConn, error)
 	c := &leanConn{nc: nc, br: newLeanReader(nc, t.rbytes), bw: newLeanWriter(nc, t.wbytes), key: key,
 		close: func() { nc.Close() }}
 	c.initPush()
-	if sc, ok := nc.(syscall.Conn); ok {
-		if raw, err := sc.SyscallConn(); err == nil {
-			c.raw, c.wait = raw, c.flushWait
-		}
-	}
 	return c, nil
 }
 
