@@ -35,6 +35,15 @@ func TestMain(m *testing.M) {
 const (
 	firstTokenFloor = 3 * time.Second
 	idleTimeout     = 2 * time.Second
+	// probeTimeout bounds the router's health probes. It is a tolerance
+	// here, not what the tests check: a killed backend's probe is refused
+	// at once and the proxy marks it down on its first failed request. At
+	// the start of TestChaosKill's 200 streams, under the race detector on
+	// two loaded cores, probes of live emulators took up to 0.74 s (load
+	// 12) and over 1 s (load 15-20, in CI): with the default 1 s, all three
+	// backends left rotation at once and requests got "503 no healthy
+	// backend".
+	probeTimeout = 10 * time.Second
 )
 
 // startRouter starts kvroute in front of the emulators; tweaks, if any,
@@ -51,7 +60,7 @@ func startRouter(t *testing.T, emus []*testfleet.Backend, tweaks ...func(*Config
 	}
 	cfg := Config{
 		Backends: bs, Policy: "kvroute", Listen: "127.0.0.1:0", DrainDelay: -1, Grace: 5 * time.Second,
-		Fleet:  fleet.Options{HealthInterval: 100 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond, Timeout: time.Second},
+		Fleet:  fleet.Options{HealthInterval: 100 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond, Timeout: probeTimeout},
 		Proxy:  proxy.Config{Resilience: proxy.Resilience{FirstTokenFloor: firstTokenFloor, StreamIdleTimeout: idleTimeout}},
 		Logger: testLogger(t),
 	}
