@@ -136,9 +136,9 @@ func TestPushReachesPeersAtOnce(t *testing.T) {
 	if got := testutil.ToFloat64(a.hub.subscribers); got != 1 {
 		t.Errorf("a has %v followers, want self alone", got)
 	}
-	if got := testutil.ToFloat64(me.hub.subscribers); got != 0 {
-		t.Errorf("self follows itself (%v followers), want it to stop once it knows", got)
-	}
+	// Self hangs up once it knows; its own hub sees that only when its
+	// handler notices the closed connection.
+	waitFor(t, "self no longer following itself", func() bool { return testutil.ToFloat64(me.hub.subscribers) == 0 })
 }
 
 // A peer that restarts (same address, new process: new counts) is
@@ -225,7 +225,11 @@ func TestPushSlowFollowerIsDropped(t *testing.T) {
 	}
 	waitFor(t, "two followers", func() bool { return testutil.ToFloat64(a.hub.subscribers) == 2 })
 
-	deadline := time.Now().Add(10 * time.Second)
+	// The drop comes once the socket's buffers are full: 76 to 107 lines
+	// of 1000 backends here, which under the race detector took 1.6-2.5 s
+	// at load 5, 6.5-10 s at load 25 and more than 10 s (the old bound)
+	// now and then. The bound is on a hang, not on the speed.
+	deadline := time.Now().Add(2 * time.Minute)
 	for testutil.ToFloat64(a.hub.dropped) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the follower that does not read was never dropped (%v lines sent)", testutil.ToFloat64(a.hub.sent))
@@ -235,6 +239,7 @@ func TestPushSlowFollowerIsDropped(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond) // let the writers run on a busy machine
 	}
+	t.Logf("dropped after %v lines", testutil.ToFloat64(a.hub.sent))
 	waitFor(t, "the slow follower gone", func() bool { return testutil.ToFloat64(a.hub.subscribers) == 1 })
 	fa[999].Start(7, 7)
 	waitFor(t, "the reading follower still served", func() bool { return peerRequests(self[999]) == 1 })
