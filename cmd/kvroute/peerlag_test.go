@@ -164,7 +164,8 @@ func processes(t *testing.T) (run func(args ...string) *process, port func() str
 		})
 		return p
 	}
-	port = func() string { return freePort(t) }
+	port = func() string { return fmt.Sprintf("127.0.0.1:%d", freeRun(t, 1)) } // below the ephemeral range
+
 	return run, port
 }
 
