@@ -142,7 +142,7 @@ func TestPeerLag(t *testing.T) {
 }
 
 // processes builds kvroute and returns run, which starts it with args
-// until the test ends, and port, a free 127.0.0.1 address.
+// until the test ends, and port, a free 127.0.0.1 address (freeRun's).
 func processes(t *testing.T) (run func(args ...string) *process, port func() string) {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "kvroute")
@@ -165,7 +165,6 @@ func processes(t *testing.T) (run func(args ...string) *process, port func() str
 		return p
 	}
 	port = func() string { return fmt.Sprintf("127.0.0.1:%d", freeRun(t, 1)) } // below the ephemeral range
-
 	return run, port
 }
 
