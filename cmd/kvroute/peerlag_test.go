@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -13,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,7 +46,7 @@ func TestPeerLag(t *testing.T) {
 	_, p0, _ := strings.Cut(emu, ":")
 	first, _ := strconv.Atoi(p0)
 	// Two free ports in a row are not guaranteed; the emulator says if not.
-	run("emulate", "--port", strconv.Itoa(first), "--replicas", "2", "--model", "m")
+	emulators := run("emulate", "--port", strconv.Itoa(first), "--replicas", "2", "--model", "m")
 	backends := []string{"--backend", fmt.Sprintf("gpu0=http://127.0.0.1:%d", first), "--backend", fmt.Sprintf("gpu1=http://127.0.0.1:%d", first+1)}
 
 	type pair struct {
@@ -54,10 +57,12 @@ func TestPeerLag(t *testing.T) {
 	for _, push := range []bool{true, false} {
 		apiA, apiB, metA, metB := port(), port(), port(), port()
 		common := append([]string{"serve", "--replicas", "2", "--peer-push=" + strconv.FormatBool(push), "--log-level", "error"}, backends...)
-		run(append(common, "--listen", apiA, "--metrics-listen", metA, "--peer", "http://"+metB)...)
-		run(append(common, "--listen", apiB, "--metrics-listen", metB, "--peer", "http://"+metA)...)
+		a := run(append(common, "--listen", apiA, "--metrics-listen", metA, "--peer", "http://"+metB)...)
+		b := run(append(common, "--listen", apiB, "--metrics-listen", metB, "--peer", "http://"+metA)...)
 		for _, api := range []string{apiA, apiB} {
-			waitReady(t, "http://"+api)
+			if err := waitReady(t, "http://"+api, emulators, a, b); err != nil {
+				t.Fatal(err)
+			}
 		}
 		name := "poll"
 		if push {
@@ -137,39 +142,113 @@ func TestPeerLag(t *testing.T) {
 }
 
 // processes builds kvroute and returns run, which starts it with args
-// until the test ends, and port, a free 127.0.0.1 address.
-func processes(t *testing.T) (run func(args ...string), port func() string) {
+// until the test ends, and port, a free 127.0.0.1 address (freeRun's).
+func processes(t *testing.T) (run func(args ...string) *process, port func() string) {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "kvroute")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	run = func(args ...string) {
-		cmd := exec.Command(bin, args...)
-		cmd.Stdout, cmd.Stderr = nil, nil
-		if err := cmd.Start(); err != nil {
+	run = func(args ...string) *process {
+		p := &process{cmd: exec.Command(bin, args...), done: make(chan struct{})}
+		p.cmd.Stderr = &p.stderr
+		if err := p.cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() })
+		go func() { _ = p.cmd.Wait(); close(p.done) }()
+		t.Cleanup(func() {
+			p.stop()
+			if t.Failed() {
+				t.Logf("kvroute %s: stderr:\n%s", args[0], &p.stderr)
+			}
+		})
+		return p
 	}
-	port = func() string { return freePort(t) }
+	port = func() string { return fmt.Sprintf("127.0.0.1:%d", freeRun(t, 1)) } // below the ephemeral range
 	return run, port
 }
 
-// waitReady waits for a replica's /readyz to answer 200.
-func waitReady(t *testing.T, base string) {
+// process is a kvroute process a test started.
+type process struct {
+	cmd    *exec.Cmd
+	stderr lockedBuffer
+	done   chan struct{} // closed once it has exited
+}
+
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop interrupts the process, if it still runs, and waits until it has
+// exited.
+func (p *process) stop() {
+	if !p.exited() {
+		_ = p.cmd.Process.Signal(os.Interrupt)
+	}
+	<-p.done
+}
+
+// portTaken reports whether the process exited because an address it was
+// to listen on was in use.
+func (p *process) portTaken() bool {
+	return p.exited() && strings.Contains(p.stderr.String(), "address already in use")
+}
+
+// exitOf returns an error, with its stderr, when one of ps has exited.
+func exitOf(ps []*process) error {
+	for _, p := range ps {
+		if p.exited() {
+			return fmt.Errorf("kvroute %s exited: %s", p.cmd.Args[1], &p.stderr)
+		}
+	}
+	return nil
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent use.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitReady waits for a replica's /readyz to answer 200, while the
+// processes it depends on run; it returns an error, with the first
+// one's stderr, once one of them has exited.
+func waitReady(t *testing.T, base string, deps ...*process) error {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
+		if err := exitOf(deps); err != nil {
+			return err
+		}
 		res, err := http.Get(base + "/readyz")
+		status := ""
 		if err == nil {
+			body, _ := io.ReadAll(res.Body)
 			res.Body.Close()
 			if res.StatusCode == http.StatusOK {
-				return
+				return nil
 			}
+			status = fmt.Sprintf("%d %s", res.StatusCode, bytes.TrimSpace(body))
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s not ready: %v", base, err)
+			t.Fatalf("%s not ready in 30 s: %v%s", base, err, status)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -49,6 +49,10 @@ type FleetConfig struct {
 	// KVEvents makes the emulators publish their KV events on loopback
 	// ports and the router follow them, as `serve --kv-events` would.
 	KVEvents bool
+	// TokenizeTimeout limits the router's /tokenize calls while it
+	// follows KV events (serve's --kv-events-tokenize-timeout); 0: serve's
+	// default.
+	TokenizeTimeout time.Duration
 	// Logger receives the components' logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -140,7 +144,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	// The router as `kvroute serve` runs it, on a loopback port of its own,
 	// its predictions in each response for the report's accuracy.
 	rs, err := server.Start(ctx, server.Config{Backends: backends, Fleet: opts, Policy: cfg.Policy,
-		Router: router.Options{Seed: cfg.Seed, KVRoute: cfg.KVRoute}, KVEvents: f.following(),
+		Router: router.Options{Seed: cfg.Seed, KVRoute: cfg.KVRoute}, KVEvents: f.following(cfg.TokenizeTimeout),
 		Proxy:  proxy.Config{Logger: logger, Resilience: scaledTimeouts(cfg), Explain: true},
 		Listen: "127.0.0.1:0", DrainDelay: -1, Logger: logger})
 	if err != nil {
@@ -234,7 +238,7 @@ func (f *Fleet) withEvents(events kvevents.Source) emulator.Config {
 
 // following is what the router follows of the emulators' KV events; nil
 // when they publish none.
-func (f *Fleet) following() *follow.FollowConfig {
+func (f *Fleet) following(tokenize time.Duration) *follow.FollowConfig {
 	eps := map[string]kvevents.Source{}
 	for i, b := range f.emu {
 		if b.events.Endpoint != "" {
@@ -244,7 +248,11 @@ func (f *Fleet) following() *follow.FollowConfig {
 	if len(eps) == 0 {
 		return nil
 	}
-	return &follow.FollowConfig{Endpoints: eps, Retry: 50 * time.Millisecond}
+	fc := &follow.FollowConfig{Endpoints: eps, Retry: 50 * time.Millisecond}
+	if tokenize > 0 {
+		fc.Tokenizer = follow.NewTokenizer(nil, tokenize, 0)
+	}
+	return fc
 }
 
 // attach checks that the real servers at rawURLs are up and serve a common

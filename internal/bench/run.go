@@ -57,6 +57,8 @@ type Config struct {
 	// KVEvents makes the emulators publish their KV events and the router
 	// follow them (FleetConfig.KVEvents).
 	KVEvents bool
+	// TokenizeTimeout is FleetConfig.TokenizeTimeout.
+	TokenizeTimeout time.Duration
 	// Predictions reports, per policy that predicts, the share of requests
 	// whose cached tokens it predicted to the block (the demo leaves it
 	// out: without the engines' events the index predicts in its own
@@ -148,7 +150,7 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 		Backends:    cfg.Backends, Profile: cfg.Profile, TimeScale: cfg.TimeScale,
 		Policy: policy, Seed: cfg.Seed, Logger: cfg.Logger,
 		KVRoute:  router.KVRouteConfig{Objective: cfg.Objective, SLO: router.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}},
-		KVEvents: cfg.KVEvents,
+		KVEvents: cfg.KVEvents, TokenizeTimeout: cfg.TokenizeTimeout,
 	})
 	if err != nil {
 		return nil, err

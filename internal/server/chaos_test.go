@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"regexp"
@@ -35,12 +36,25 @@ func TestMain(m *testing.M) {
 const (
 	firstTokenFloor = 3 * time.Second
 	idleTimeout     = 2 * time.Second
+	// patience bounds the router's health probes and its dials to the
+	// backends, and TestChaosKill's first tokens: tolerances here, not
+	// what the tests check (a killed backend refuses connections and
+	// resets those it had at once). At the start of TestChaosKill's 200
+	// streams, under the race detector on two loaded cores, probes of live
+	// emulators took up to 0.74 s at load 12 and over 1 s at load 15-20
+	// (in CI), and at load 25 some dials took over 3 s and first tokens
+	// over 3 s: with the defaults (1 s, 3 s) and firstTokenFloor, the
+	// live backends left rotation too, and requests got "503 no healthy
+	// backend", "502 unreachable (timed out)" or "504 no first token".
+	patience = 30 * time.Second
 )
 
 // startRouter starts kvroute in front of the emulators; tweaks, if any,
 // change its config first.
 func startRouter(t *testing.T, emus []*testfleet.Backend, tweaks ...func(*Config)) *Server {
 	t.Helper()
+	transport := proxy.NewTransport()
+	transport.DialContext = (&net.Dialer{Timeout: patience, KeepAlive: 30 * time.Second}).DialContext
 	var bs []*fleet.Backend
 	for i, e := range emus {
 		b, err := fleet.ParseBackend(i, fmt.Sprintf("gpu%d=%s", i, e.URL()))
@@ -51,8 +65,8 @@ func startRouter(t *testing.T, emus []*testfleet.Backend, tweaks ...func(*Config
 	}
 	cfg := Config{
 		Backends: bs, Policy: "kvroute", Listen: "127.0.0.1:0", DrainDelay: -1, Grace: 5 * time.Second,
-		Fleet:  fleet.Options{HealthInterval: 100 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond, Timeout: time.Second},
-		Proxy:  proxy.Config{Resilience: proxy.Resilience{FirstTokenFloor: firstTokenFloor, StreamIdleTimeout: idleTimeout}},
+		Fleet:  fleet.Options{HealthInterval: 100 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond, Timeout: patience},
+		Proxy:  proxy.Config{Transport: transport, Resilience: proxy.Resilience{FirstTokenFloor: firstTokenFloor, StreamIdleTimeout: idleTimeout}},
 		Logger: testLogger(t),
 	}
 	for _, tweak := range tweaks {
@@ -176,7 +190,7 @@ func checkNothingLost(t *testing.T, outs []outcome) (cut int) {
 func TestChaosKill(t *testing.T) {
 	emus := testfleet.Start(t, 3, "--seed", "1")
 	base := baseline()
-	s := startRouter(t, emus)
+	s := startRouter(t, emus, func(c *Config) { c.Proxy.Resilience.FirstTokenFloor = patience })
 	outs := many(s.URL, 200, 300, func() {
 		waitFor(t, func() bool { return inflight(s, 0) > 10 })
 		time.Sleep(500 * time.Millisecond) // under way: past their first tokens
