@@ -29,6 +29,8 @@ func (c coreFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(c.sessionHeader, "session-header", proxy.DefaultSessionHeader, "request header carrying the session key")
 	fs.DurationVar(&c.fleet.ScrapeInterval, "scrape-interval", time.Second, "how often backends' /metrics are scraped")
 	fs.DurationVar(&c.fleet.HealthInterval, "health-interval", time.Second, "how often backends' /health is checked")
+	fs.IntVar(&c.fleet.FailThreshold, "health-fails", fleet.DefaultFailThreshold, "failed /health checks in a row that take a backend out of rotation (one before its first pass; a request's refused or reset connection takes it out at once)")
+	fs.IntVar(&c.fleet.PassThreshold, "health-passes", fleet.DefaultPassThreshold, "passed /health checks in a row that bring it back")
 	fs.DurationVar(&c.fleet.Timeout, "probe-timeout", fleet.DefaultTimeout, "limit of each /health, /metrics and /v1/models probe (llama-server answers /metrics only between batches: give it seconds on CPUs)")
 	fs.Float64Var(&c.router.KVRoute.LoadFactor, "load-factor", 2, "kvroute: no backend takes more than this × the mean in-flight requests (+4)")
 	fs.IntVar(&c.router.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
@@ -51,6 +53,8 @@ func (c coreFlags) check() error {
 	switch {
 	case f.ScrapeInterval <= 0 || f.HealthInterval <= 0 || f.Timeout <= 0:
 		return errors.New("--scrape-interval, --health-interval and --probe-timeout must be positive")
+	case f.FailThreshold < 1 || f.PassThreshold < 1:
+		return fmt.Errorf("--health-fails and --health-passes must be at least 1, got %d and %d", f.FailThreshold, f.PassThreshold)
 	case o.KVRoute.LoadFactor < 1:
 		return fmt.Errorf("--load-factor must be at least 1, got %v", o.KVRoute.LoadFactor)
 	case o.KVRoute.BlockBytes < 16:

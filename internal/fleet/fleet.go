@@ -18,6 +18,13 @@ const (
 	DefaultScrapeInterval = time.Second
 	DefaultHealthInterval = time.Second
 	DefaultTimeout        = time.Second
+	// DefaultFailThreshold is HAProxy's `fall` and Kubernetes' readiness
+	// failureThreshold: one probe that times out is a router starved of CPU
+	// for a second as often as a backend gone, and a router that drops every
+	// backend on one answers 503 while all of them serve. A backend that
+	// refuses connections is ejected by the requests' own failures sooner.
+	DefaultFailThreshold = 3
+	DefaultPassThreshold = 1
 )
 
 // staleScrapes is how many scrape intervals a backend's metrics stay
@@ -67,7 +74,8 @@ type Options struct {
 	// Timeout bounds each probe: one HTTP request, body included (default 1s).
 	Timeout time.Duration
 	// FailThreshold is how many consecutive failed health checks take a
-	// backend out of rotation (default 1: at once).
+	// backend out of rotation (0: 1, at once; the commands' default is
+	// DefaultFailThreshold).
 	FailThreshold int
 	// PassThreshold is how many consecutive passed health checks bring it
 	// back (default 1).
@@ -138,6 +146,11 @@ type member struct {
 	mu sync.Mutex // guards the fields below and changes of b's health and info
 	// passes and fails count consecutive health-check outcomes.
 	passes, fails int
+	// passed is set once a health check has passed: until then a backend
+	// goes out on its first failure (one that is down when the router
+	// starts, or when discovery adds it, is not routed to for FailThreshold
+	// rounds).
+	passed bool
 	// passive counts passive failures (MarkFailed), so that a health check
 	// that was already under way when one arrived cannot undo it.
 	passive uint64

@@ -662,3 +662,26 @@ func names(bs []*Backend) []string {
 	}
 	return out
 }
+
+// TestHealthFirstFailureBeforeAnyPass: the threshold is for a backend seen
+// serving; one that has never passed a check (down when the router starts)
+// goes out on its first failure, not FailThreshold rounds later.
+func TestHealthFirstFailureBeforeAnyPass(t *testing.T) {
+	fb := newFakeBackend(t, vllmModels, vllmMetrics)
+	fb.set(func(fb *fakeBackend) { fb.healthStatus = http.StatusServiceUnavailable })
+	f, bs, _ := newTestFleet(t, Options{FailThreshold: 3}, fb)
+	f.Refresh(t.Context())
+	if bs[0].Healthy() {
+		t.Fatal("a backend that never passed is up after its first failed check")
+	}
+	fb.set(func(fb *fakeBackend) { fb.healthStatus = 0 })
+	f.healthRound(t.Context())
+	if !bs[0].Healthy() {
+		t.Fatal("down after a pass")
+	}
+	fb.set(func(fb *fakeBackend) { fb.healthStatus = http.StatusServiceUnavailable })
+	f.healthRound(t.Context())
+	if !bs[0].Healthy() {
+		t.Fatal("down after one failure, once it had passed, with threshold 3")
+	}
+}

@@ -38,12 +38,12 @@ func (f *Fleet) checkHealth(ctx context.Context, m *member) (discover bool) {
 	if err != nil {
 		m.passes = 0
 		m.fails++
-		if m.fails >= f.failAfter && b.SetHealthy(false) {
+		if (m.fails >= f.failAfter || !m.passed) && b.SetHealthy(false) {
 			f.log.Warn("backend down", "backend", b.Name, "url", m.base, "cause", "health check failed",
 				"fails", m.fails, "err", err)
 		}
 	} else {
-		m.fails = 0
+		m.fails, m.passed = 0, true
 		if m.passive == passive { // a pass that began before a passive failure doesn't count
 			m.passes++
 		}

@@ -146,7 +146,7 @@ func (f *Fleet) admit(ctx context.Context, ms []*member) {
 		f.scrape(ctx, m)
 		f.discover(ctx, m)
 		m.mu.Lock()
-		m.passes = f.passAfter
+		m.passes, m.passed = f.passAfter, true
 		m.b.SetHealthy(true)
 		m.mu.Unlock()
 		f.log.Info("backend added", "backend", m.b.Name, "url", m.base, "index", m.b.Index,
