@@ -13,8 +13,8 @@ import (
 )
 
 // TestServeGCFloor runs serve as its own process, as the floor is the
-// process's: with the default floor its small heap runs at a GOGC far above
-// 100, with a smaller floor lower, with --gc-floor-mib 0 at GOGC's 100.
+// process's: by default at GOGC's 100, with a floor of 128 MiB its small
+// heap runs at a GOGC far above 100, with a smaller floor lower.
 func TestServeGCFloor(t *testing.T) {
 	run, port := processes(t)
 	backend := "http://" + testfleet.DeadAddr(t)
@@ -34,11 +34,11 @@ func TestServeGCFloor(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	if g := gogc(); g < 1000 {
-		t.Errorf("default floor (128 MiB): GOGC %v, want the floor over a live heap of a few MiB, over 1000", g)
+	if g := gogc(); g != 100 {
+		t.Errorf("default (no floor): GOGC %v, want 100", g)
 	}
-	if g := gogc("--gc-floor-mib", "0"); g != 100 {
-		t.Errorf("--gc-floor-mib 0: GOGC %v, want 100", g)
+	if g := gogc("--gc-floor-mib", "128"); g < 1000 {
+		t.Errorf("--gc-floor-mib 128: GOGC %v, want the floor over a live heap of a few MiB, over 1000", g)
 	}
 	if g := gogc("--gc-floor-mib", "32"); g < 200 || g > 1000 {
 		t.Errorf("--gc-floor-mib 32: GOGC %v, want about 32 MiB over a live heap of a few MiB", g)

@@ -14,10 +14,11 @@ import (
 // backend that has not answered a SYN in 3 s is not there.
 const defaultConnectTimeout = 3 * time.Second
 
-// defaultGCFloorMiB lets a router's small live heap grow to 128 MiB between
-// collections, each of which charges the requests arriving during it
-// (internal/gctune): memory any host running a router can spare.
-const defaultGCFloorMiB = 128
+// defaultGCFloorMiB is off: a floor of 128 MiB cut a front's collections at
+// 500 streams from 13-16 to 2 in 15 rounds, but in two quiet runs neither its
+// latency tail nor its CPU moved (docs/BENCHMARKS.md), so the memory is not
+// spent by default.
+const defaultGCFloorMiB = 0
 
 // registerHardening adds the flags of timeouts, retries, outlier ejection,
 // overload and drain; docs/operations.md gives each its reason.

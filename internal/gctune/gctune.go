@@ -9,10 +9,11 @@
 // second a cycle runs every few seconds. During a cycle's mark phase each
 // allocating goroutine pays for marking with assists, and with few processors
 // (a front pinned to one) every request arriving meanwhile waits behind them:
-// the cycles are what a request's latency tail is made of, not the pick
-// (docs/BENCHMARKS.md, "the garbage collector, not the pick"). A floor of
-// 128 MiB makes those cycles rarer by the floor over the live heap, for memory
-// a router can spare; a live heap above the floor is collected exactly as
+// the cycles were, in session 8's traces, what a request's latency tail was
+// made of, not the pick (docs/BENCHMARKS.md, "the garbage collector, not the
+// pick"). A floor of 128 MiB makes those cycles rarer by the floor over the
+// live heap, for memory a router can spare (since the allocation work, a
+// measured gain in the tail has not been shown: serve's default is no floor); a live heap above the floor is collected exactly as
 // without it, so the floor never lets memory grow with the load. GOMEMLIMIT
 // still bounds the heap: the runtime's limit overrides any goal set here.
 //
