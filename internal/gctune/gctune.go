@@ -2,20 +2,21 @@
 // is small, the heap may grow to the floor before a cycle runs; once the live
 // heap is large, GOGC works as usual.
 //
-// Why a proxy wants one: Go's collector starts a cycle when the heap has grown
-// by GOGC percent over what the last cycle found live. A router's live heap is
-// a few tens of megabytes (connections' buffers, the prefix index), while every
-// streamed request allocates some kilobytes, so at a few hundred requests a
-// second a cycle runs every few seconds. During a cycle's mark phase each
-// allocating goroutine pays for marking with assists, and with few processors
-// (a front pinned to one) every request arriving meanwhile waits behind them:
-// the cycles were, in session 8's traces, what a request's latency tail was
-// made of, not the pick (docs/BENCHMARKS.md, "the garbage collector, not the
-// pick"). A floor of 128 MiB makes those cycles rarer by the floor over the
-// live heap, for memory a router can spare (since the allocation work, a
-// measured gain in the tail has not been shown: serve's default is no floor); a live heap above the floor is collected exactly as
-// without it, so the floor never lets memory grow with the load. GOMEMLIMIT
-// still bounds the heap: the runtime's limit overrides any goal set here.
+// Why a proxy might want one: Go's collector starts a cycle when the heap has
+// grown by GOGC percent over what the last cycle found live. A router's live
+// heap is a few tens of megabytes (connections' buffers, the prefix index),
+// while every streamed request allocates some kilobytes, so at a few hundred
+// requests a second a cycle runs every few seconds. During a cycle's mark
+// phase each allocating goroutine pays for marking with assists, and with few
+// processors (a front pinned to one) every request arriving meanwhile waits
+// behind them: execution traces once showed those cycles in a front's latency
+// tail (docs/BENCHMARKS.md, "the garbage collector, not the pick"). A floor of
+// 128 MiB makes the cycles rarer by the floor over the live heap; since the
+// allocations per request were cut, no gain in the tail has been measured, so
+// the commands' default is no floor. A live heap of half the floor or more is
+// collected exactly as without one: the floor never lets memory grow with the
+// load. GOMEMLIMIT still bounds the heap: the runtime's limit overrides any
+// goal set here.
 //
 // The same can be had with GOGC=off and GOMEMLIMIT, but with no way back:
 // past the limit the collector then runs continuously. The floor sets GOGC
