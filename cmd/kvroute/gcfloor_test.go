@@ -1,13 +1,8 @@
 package main
 
 import (
-	"net/http"
 	"testing"
 	"time"
-
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/kvroute/kvroute/internal/testfleet"
 )
@@ -25,8 +20,9 @@ func TestServeGCFloor(t *testing.T) {
 		base := "http://" + metrics
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			if mf := scrapeOrNil(base)["go_gc_gogc_percent"]; mf != nil {
-				return mf.GetMetric()[0].GetGauge().GetValue()
+			// Not answering yet is an error to wait out, not a failure.
+			if mfs, _ := readMetrics(base); mfs["go_gc_gogc_percent"] != nil {
+				return mfs["go_gc_gogc_percent"].GetMetric()[0].GetGauge().GetValue()
 			}
 			if time.Now().After(deadline) {
 				t.Fatalf("serve %v: no go_gc_gogc_percent at %s", args, base)
@@ -43,16 +39,4 @@ func TestServeGCFloor(t *testing.T) {
 	if g := gogc("--gc-floor-mib", "32"); g < 200 || g > 1000 {
 		t.Errorf("--gc-floor-mib 32: GOGC %v, want about 32 MiB over a live heap of a few MiB", g)
 	}
-}
-
-// scrapeOrNil reads the metrics at base; nil while it does not answer yet.
-func scrapeOrNil(base string) map[string]*dto.MetricFamily {
-	res, err := http.Get(base + "/metrics")
-	if err != nil {
-		return nil
-	}
-	defer res.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, _ := parser.TextToMetricFamilies(res.Body)
-	return mfs
 }

@@ -288,17 +288,22 @@ func peerRequests(t *testing.T, base string) float64 {
 // scrape reads the metrics at base.
 func scrape(t *testing.T, base string) map[string]*dto.MetricFamily {
 	t.Helper()
-	res, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(res.Body)
+	mfs, err := readMetrics(base)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return mfs
+}
+
+// readMetrics reads and parses the metrics at base.
+func readMetrics(base string) (map[string]*dto.MetricFamily, error) {
+	res, err := http.Get(base + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	return parser.TextToMetricFamilies(res.Body)
 }
 
 // ownCounted polls a replica's own report (peers.Path, a few bytes) until
