@@ -96,6 +96,18 @@ func summaryTable(r *results.Report, styles []policyStyle) ([]column, []tableRow
 			}, func(v float64) string { return fmtDur(time.Duration(v)) }},
 		)
 	}
+	if slices.ContainsFunc(r.Runs, func(run results.Run) bool { return run.Summary.TTFTError > 0 }) {
+		// How far the policy's predicted TTFT was from the observed one:
+		// only policies that predict have a value.
+		cols = append(cols,
+			tableColumn{column{"TTFT prediction", "error p50", ""}, -1, func(run results.Run) (float64, bool) {
+				return run.Summary.TTFTError, run.Summary.TTFTError > 0
+			}, fmtPct},
+			tableColumn{column{"TTFT prediction", "in 80 % interval", ""}, 0, func(run results.Run) (float64, bool) {
+				return run.Summary.TTFTCoverage, run.Summary.TTFTError > 0
+			}, fmtPct},
+		)
+	}
 	if slices.ContainsFunc(r.Runs, func(run results.Run) bool { return run.Goodput != nil }) {
 		unit := "req/s"
 		if slo, ok := commonSLO(r.Runs); ok {

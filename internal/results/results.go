@@ -63,6 +63,13 @@ type Result struct {
 	// the backend it chose (router.Decision.Cached; 0 for policies that
 	// do not predict).
 	PredictedCached int `json:"predicted_cached,omitempty"`
+	// PredictedTTFT is the TTFT the policy routed the request on
+	// (router.Decision.PredictedTTFT, the X-Kvroute-Predicted-Ttft header),
+	// and PredictedTTFTLow and PredictedTTFTHigh its prediction interval; 0
+	// for policies that do not predict.
+	PredictedTTFT     time.Duration `json:"predicted_ttft_ns,omitempty"`
+	PredictedTTFTLow  time.Duration `json:"predicted_ttft_low_ns,omitempty"`
+	PredictedTTFTHigh time.Duration `json:"predicted_ttft_high_ns,omitempty"`
 	// PromptBlocks and SequenceBlocks are the block hashes recorded when
 	// bench.Client.BlockTokens is set (or by the simulator).
 	PromptBlocks, SequenceBlocks []uint64 `json:"-"`

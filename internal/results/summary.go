@@ -57,6 +57,13 @@ type Summary struct {
 	// predicted cached tokens were right to the block
 	// (PredictionAccuracy); 0 when not measured.
 	PredictionAccuracy float64 `json:"prediction_accuracy,omitempty"`
+	// TTFTError is the median absolute percentage error of the predicted
+	// TTFT (0.1 is 10 %) and TTFTCoverage the share of requests whose TTFT
+	// fell inside the predicted interval, both over the successful requests
+	// past the first PredictionWarmUp with a prediction; 0 for policies that
+	// do not predict.
+	TTFTError    float64 `json:"ttft_prediction_error,omitempty"`
+	TTFTCoverage float64 `json:"ttft_interval_coverage,omitempty"`
 	// SLO is how the run did against the joint objective of the run
 	// (ApplySLO); nil without one.
 	SLO *SLOSummary `json:"slo,omitempty"`
@@ -120,6 +127,7 @@ type Summarizer struct {
 	first, last                       time.Duration
 	seen                              bool
 	predicted                         predictionCount
+	ttftPredicted                     ttftPrediction
 	slo                               sloCount
 }
 
@@ -128,6 +136,7 @@ func (a *Summarizer) Add(r *Result) {
 	s := &a.s
 	s.Requests++
 	a.predicted.add(a.BlockSize, r)
+	a.ttftPredicted.add(r)
 	if !a.SLO.IsZero() {
 		a.slo.add(a.SLO, r)
 	}
@@ -187,6 +196,7 @@ func (a *Summarizer) Summary(name string) Summary {
 		s.HitRate = float64(s.CachedTokens) / float64(s.PromptTokens)
 	}
 	s.PredictionAccuracy = a.predicted.share()
+	s.TTFTError, s.TTFTCoverage = a.ttftPredicted.medianError(), a.ttftPredicted.coverage()
 	s.SLO = a.slo.summary(a.SLO, s.Span)
 	return s
 }
@@ -270,6 +280,18 @@ func WriteTable(w io.Writer, sums []Summary, bounds Bounds) error {
 			}
 			return fmt.Sprintf("%.1f %%", 100*s.PredictionAccuracy)
 		})
+	}
+	if slices.ContainsFunc(sums, func(s Summary) bool { return s.TTFTError > 0 }) {
+		predicts := func(f func(Summary) string) func(Summary) string {
+			return func(s Summary) string {
+				if s.TTFTError == 0 {
+					return "-" // a policy that does not predict
+				}
+				return f(s)
+			}
+		}
+		row("TTFT prediction error (median)", predicts(func(s Summary) string { return fmt.Sprintf("%.1f %%", 100*s.TTFTError) }))
+		row("  inside the 80 % interval", predicts(func(s Summary) string { return fmt.Sprintf("%.1f %%", 100*s.TTFTCoverage) }))
 	}
 	row("load imbalance (max/mean busy)", func(s Summary) string { return fmt.Sprintf("%.2f", s.Imbalance) })
 	if o := sums[0].SLO; o != nil {
