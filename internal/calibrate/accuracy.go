@@ -154,13 +154,16 @@ type AccuracySnapshot struct {
 // Accuracy keeps score of one kind of prediction, per backend and
 // fleet-wide: how many, the median absolute percentage error and the
 // interval's coverage after a warm-up, and a histogram of observed over
-// predicted. The scores are over all time since a backend's Reset (rate
+// predicted. It is a prometheus.Collector of kvroute_prediction_ratio,
+// kvroute_prediction_coverage_ratio and kvroute_prediction_ape_median,
+// labelled kind and backend. The scores are over all time since a backend's Reset (rate
 // the histogram for a recent window); the warm-up counts the fleet's
 // observations, so that a backend joining a warm fleet is scored at once,
 // as the fleet's fit predicts for it. Safe for concurrent use: every
 // method takes a mutex, none is for a hot path.
 type Accuracy struct {
 	kind     string
+	descs    accuracyDescs
 	warmup   uint64
 	mu       sync.Mutex
 	fleet    *tally
@@ -171,7 +174,7 @@ type Accuracy struct {
 // which skips the first warmup observations fleet-wide (DefaultWarmup is
 // the 200; a negative warmup is 0).
 func NewAccuracy(kind string, warmup int) *Accuracy {
-	return &Accuracy{kind: kind, warmup: uint64(max(warmup, 0)), fleet: newTally()}
+	return &Accuracy{kind: kind, descs: newAccuracyDescs(kind), warmup: uint64(max(warmup, 0)), fleet: newTally()}
 }
 
 // Record scores prediction p against the latency observed on backend i, in
