@@ -3,6 +3,7 @@ package calibrate
 import (
 	"math"
 	"math/rand/v2"
+	"testing"
 )
 
 // request is one synthetic request's load, as the router would see it.
@@ -53,21 +54,22 @@ func batchFeatures(r request) []float64 {
 }
 
 // play observes n requests on backend i of m with engine e and noise sigma,
-// predicting each first, and returns the samples.
-func play(m *Model, i int, e engine, features func(request) []float64, rng *rand.Rand, sigma float64, n int) []Sample {
-	out := make([]Sample, 0, n)
+// predicting each first, and returns the samples: the Model's, and the
+// prior's alone (feature 1, without an interval) on the same requests.
+func play(m *Model, i int, e engine, features func(request) []float64, rng *rand.Rand, sigma float64, n int) (calibrated, prior []Sample) {
 	for range n {
 		r := draw(rng)
 		x := features(r)
 		p := m.Predict(i, x)
 		y := e(r) * noise(rng, sigma)
-		out = append(out, Sample{Predicted: p.Mean, Lo: p.Lo, Hi: p.Hi, Observed: y})
+		calibrated = append(calibrated, Sample{Predicted: p.Mean, Lo: p.Lo, Hi: p.Hi, Observed: y})
+		prior = append(prior, Sample{Predicted: x[1], Observed: y})
 		m.Observe(i, x, y)
 	}
-	return out
+	return calibrated, prior
 }
 
-func mustNew(t interface{ Fatal(...any) }, cfg Config) *Model {
+func mustNew(t testing.TB, cfg Config) *Model {
 	m, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -26,15 +26,8 @@ func TestConverges(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, 2))
 			m := mustNew(t, Config{Dim: len(tt.features(request{}))})
 			play(m, 0, tt.engine, tt.features, rng, 0.1, 200)
-			got := play(m, 0, tt.engine, tt.features, rng, 0.1, 1000)
-			s := Summarize(got)
-			prior := make([]Sample, len(got))
-			rng = rand.New(rand.NewPCG(3, 4))
-			for k := range prior {
-				r := draw(rng)
-				prior[k] = Sample{Predicted: r.builtin(), Observed: tt.engine(r) * noise(rng, 0.1)}
-			}
-			ps := Summarize(prior)
+			got, prior := play(m, 0, tt.engine, tt.features, rng, 0.1, 1000)
+			s, ps := Summarize(got), Summarize(prior)
 			t.Logf("after 200: median APE %.3f (prior alone %.3f), coverage %.3f over %d; θ = %.4f",
 				s.MedianAPE, ps.MedianAPE, s.Coverage, s.N, m.Coefficients(0))
 			if s.MedianAPE > tt.maxMAPE {
@@ -56,7 +49,7 @@ func TestAdapts(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	m := mustNew(t, Config{Dim: 4})
 	play(m, 0, linear(1), linearFeatures, rng, 0.1, 500)
-	after := play(m, 0, linear(2), linearFeatures, rng, 0.1, 600)
+	after, _ := play(m, 0, linear(2), linearFeatures, rng, 0.1, 600)
 	const window = 50
 	back, peak, worstLate := -1, 0.0, 0.0
 	for k := window; k <= len(after); k++ {
@@ -208,5 +201,26 @@ func TestPredictAllocatesNothing(t *testing.T) {
 	})
 	if allocs != 0 || sink.Mean <= 0 {
 		t.Errorf("Predict allocated %v times (mean %v)", allocs, sink.Mean)
+	}
+}
+
+// TestUnusedFeature: a feature that is always 0 (GPU utilisation where no
+// exporter runs) keeps its prior coefficient and harms nothing.
+func TestUnusedFeature(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	prior := []float64{0, 1, 0, 0, 0.25}
+	m := mustNew(t, Config{Dim: 5, Prior: prior})
+	features := func(r request) []float64 { return []float64{1, r.builtin(), r.uncached, r.waiting, 0} }
+	play(m, 0, linear(1), features, rng, 0.1, 200)
+	got, _ := play(m, 0, linear(1), features, rng, 0.1, 500)
+	s := Summarize(got)
+	for _, i := range []int{Fleet, 0} {
+		if c := m.Coefficients(i)[4]; c != prior[4] {
+			t.Errorf("backend %d: coefficient of the unused feature %v, want %v", i, c, prior[4])
+		}
+	}
+	t.Logf("with an unused feature: median APE %.3f, coverage %.3f", s.MedianAPE, s.Coverage)
+	if s.MedianAPE > 0.15 {
+		t.Errorf("median APE %.3f, want ≤ 0.15", s.MedianAPE)
 	}
 }
