@@ -285,12 +285,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 	}
 
 	if len(e.sched) == 0 {
-		if len(e.running) == 0 && e.waiting.len() == 0 && ready > now {
-			// Only requests in their overhead: an idle wait until the
-			// first is ready, no tokens and no busy time, so that the
-			// caller comes back then rather than at the next arrival.
-			res.End = ready
-		}
+		res.End = e.idleEnd(now, ready)
 		return res
 	}
 	var w Work
@@ -303,8 +298,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 		}
 	}
 	dur := e.rf.stepTime(w)
-	compute, memory := e.rf.times(w)
-	res.ComputeTime, res.MemoryTime = seconds(compute), seconds(memory)
+	res.ComputeTime, res.MemoryTime = e.rf.terms(w)
 	res.End = now + dur
 	e.stats.Steps++
 	e.stats.BusyTime += dur
@@ -348,6 +342,17 @@ func (e *Engine) Step(now time.Duration) StepResult {
 	}
 	res.Tokens = e.tokens
 	return res
+}
+
+// idleEnd is the end of a step that scheduled nothing: now, or, when only
+// requests in their overhead remain, an idle wait until the first is ready
+// (no tokens, no busy time), so that the caller comes back then rather than
+// at the next arrival.
+func (e *Engine) idleEnd(now, ready time.Duration) time.Duration {
+	if len(e.running) == 0 && e.waiting.len() == 0 && ready > now {
+		return ready
+	}
+	return now
 }
 
 // restoreBudget recomputes the budget left after the running passes (a

@@ -314,6 +314,12 @@ func (r *roofline) stepTime(w Work) time.Duration {
 	return d
 }
 
+// terms is times as durations.
+func (r *roofline) terms(w Work) (compute, memory time.Duration) {
+	c, m := r.times(w)
+	return seconds(c), seconds(m)
+}
+
 // times returns the roofline's two terms for w, in seconds: the time the
 // step's FLOPs take at the reached FLOP rate, and the time its bytes take
 // at the reached bandwidth.
