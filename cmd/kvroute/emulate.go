@@ -82,6 +82,9 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute emulate [flags]\n\n"+
 			"Serves emulated vLLM servers: the OpenAI API (/v1/chat/completions, /v1/completions,\n"+
 			"/v1/models), /health and /metrics, with tokens paced by the engine model.\n"+
+			"/metrics also carries the GPU metrics of NVIDIA's DCGM exporter (DCGM_FI_DEV_GPU_UTIL, ...)\n"+
+			"computed from the model. Profiles other than the vLLM ones model engines of other\n"+
+			"shapes (docs/engine-model.md).\n"+
 			"Each replica prints `listening replica=I url=URL` on stdout once it accepts connections.\n"+
 			"The --fault-* flags inject failures into every replica; with --admin,\n"+
 			"GET and PUT /admin/faults read and replace a replica's faults at runtime.\n\nFlags:\n")
@@ -119,6 +122,11 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 			return cfg, fmt.Errorf("--%s must be positive, got %d", o.name, o.value)
 		}
 		*o.field = o.value
+	}
+	// A llama.cpp-like profile runs one sequence per slot: --max-num-seqs
+	// is its --parallel.
+	if p.Slots > 0 && set["max-num-seqs"] {
+		p.Slots = p.MaxNumSeqs
 	}
 	// vLLM refuses to start when one sequence cannot fit in the cache; a
 	// small --kv-blocks alone should just work, so shrink the context.
@@ -218,6 +226,9 @@ func emulate(ctx context.Context, cfg emulateConfig, log *slog.Logger, ready fun
 		}
 		sc := cfg.server
 		sc.Logger = log.With("replica", i)
+		// Each replica's fake GPUs get UUIDs of their own, the same at
+		// every start on the same address.
+		sc.GPUID = ln.Addr().String()
 		if sc.KVEvents != nil {
 			ev := *sc.KVEvents
 			ev.Endpoint, ev.Replay = offsetPort(ev.Endpoint, i), offsetPort(ev.Replay, i)

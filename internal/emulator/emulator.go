@@ -86,6 +86,11 @@ type Config struct {
 	// Admin serves GET and PUT /admin/faults (the faults as JSON) to
 	// clients on loopback addresses; others get 403.
 	Admin bool
+	// GPUID names the emulated GPUs: the fake UUIDs of the DCGM metrics
+	// (dcgm.go) are hashes of it and the GPU's index, so they stay the same
+	// across restarts. kvroute emulate gives each replica its listen
+	// address; empty means the model name and seed.
+	GPUID string
 	// KVEvents, when not nil, publishes the engine's KV events as vLLM's
 	// --kv-events-config does (a ZMQ PUB socket, a replay socket, a
 	// topic), from the engine model's block stores and evictions. Close
@@ -123,6 +128,9 @@ type Server struct {
 	apiKeyHash [32]byte // SHA-256 of the key
 	admin      bool
 	responses  responseStore // by id, for previous_response_id (responses.go)
+
+	// gpu is the recent steps the DCGM metrics sum; guarded by mu.
+	gpu gpuActivity
 
 	// kv publishes the engine's KV events; nil when not configured.
 	kv *kvEvents
@@ -228,7 +236,11 @@ func New(cfg Config) (*Server, error) {
 		s.apiKeyHash = sha256.Sum256([]byte(cfg.APIKey))
 	}
 	s.admin = cfg.Admin
-	s.metrics = newMetrics(s)
+	gpuID := cfg.GPUID
+	if gpuID == "" {
+		gpuID = fmt.Sprintf("%s/%d", model, cfg.Seed)
+	}
+	s.metrics = newMetrics(s, newDCGMCollector(s, gpuID))
 	if cfg.KVEvents != nil {
 		pub, err := kvevents.NewPublisher(*cfg.KVEvents)
 		if err != nil {
@@ -280,6 +292,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		res := s.eng.Step(s.stepStart(lastEnd))
 		res.End = s.slowed(res.Start, res.End)
+		s.gpu.record(res, s.profile.StepOverhead+s.profile.TPOverhead)
 		events = s.collect(events[:0], res)
 		s.mu.Unlock()
 

@@ -36,7 +36,9 @@ type metrics struct {
 	faults *prometheus.CounterVec
 }
 
-func newMetrics(s *Server) *metrics {
+// newMetrics builds s's registry: vLLM's metrics and, from extra, any
+// other collectors (the DCGM GPU metrics).
+func newMetrics(s *Server, extra ...prometheus.Collector) *metrics {
 	model := prometheus.Labels{"model_name": s.model}
 	hist := func(name, help string, buckets []float64) prometheus.Histogram {
 		return prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -80,6 +82,7 @@ func newMetrics(s *Server) *metrics {
 	})
 	cacheInfo.Set(1)
 	m.reg.MustRegister(m.ttft, m.itl, m.e2e, m.success, m.faults, cacheInfo, newEngineCollector(s))
+	m.reg.MustRegister(extra...)
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 	return m
 }

@@ -31,7 +31,7 @@ type coast struct {
 // state and Cut before adding or aborting a request; Step and Coast may be
 // called again only at the run's end, after Settle.
 func (e *Engine) Coast(now time.Duration, limit int) time.Duration {
-	if e.co.active || limit < 1 || e.waiting.len() > 0 || len(e.running) == 0 || len(e.running) > e.p.MaxNumBatchedTokens {
+	if e.co.active || limit < 1 || e.waiting.len() > 0 || e.pending.len() > 0 || len(e.running) == 0 || len(e.running) > e.p.MaxNumBatchedTokens {
 		return now
 	}
 	steps := limit
@@ -98,7 +98,7 @@ func (e *Engine) stepsWithBlocks(limit, free int) int {
 // that Step adds up for it (each request computes one token, which attends
 // to its whole context and reads it with its own).
 func (e *Engine) decodeTime(b, attended int64) time.Duration {
-	return e.rf.stepTime(Work{Tokens: int(b), AttendedPositions: float64(attended), ContextTokens: int(attended + b)})
+	return e.rf.stepTime(Work{Tokens: int(b), AttendedPositions: float64(attended), ContextTokens: int(attended + b), Requests: int(b)})
 }
 
 // Settle applies the steps of the coast in flight that have begun by now,

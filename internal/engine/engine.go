@@ -34,7 +34,13 @@ type Engine struct {
 	rf      roofline
 	kv      *kvCache
 	waiting queue
+	// pending are requests still in Profile.RequestOverhead, in order of
+	// arrival (and so of readiness: the overhead is one constant).
+	pending queue
 	running []*Request
+	// slots are the llama.cpp-like slots when Profile.Slots is set, else
+	// nil (slots.go).
+	slots *slotTable
 	// Per-step scratch, reused to keep Step free of allocations.
 	sched  []*Request
 	tokens []*Request
@@ -69,6 +75,10 @@ func (e *Engine) SetObserver(o BlockObserver) {
 type Stats struct {
 	// Running and Waiting are the current queue lengths.
 	Running, Waiting int
+	// Pending counts requests added but still in Profile.RequestOverhead:
+	// like a request vLLM is still tokenizing, they are neither running nor
+	// waiting.
+	Pending int
 	// UsedBlocks is the number of KV blocks held by requests; TotalBlocks the
 	// capacity. Cached blocks no request holds are free, not used.
 	UsedBlocks, TotalBlocks int
@@ -103,6 +113,10 @@ type StepResult struct {
 	PrefillTokens, DecodeTokens int
 	// Preempted is the number of requests preempted in the step.
 	Preempted int
+	// ComputeTime and MemoryTime are the roofline's two terms for the
+	// step (Profile.StepTime): how long its FLOPs and its bytes take at the
+	// rates reached, before overheads. Zero when nothing was computed.
+	ComputeTime, MemoryTime time.Duration
 }
 
 // New returns an idle engine for profile p with an empty cache.
@@ -110,19 +124,25 @@ func New(p Profile) (*Engine, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	return &Engine{p: p, rf: p.roofline(), kv: newKVCache(p.Blocks(), p.BlockSize)}, nil
+	e := &Engine{p: p, rf: p.roofline(), kv: newKVCache(p.Blocks(), p.BlockSize)}
+	if p.Slots > 0 {
+		e.slots = newSlotTable(p.Slots)
+	}
+	return e, nil
 }
 
 // Profile returns the profile the engine models.
 func (e *Engine) Profile() Profile { return e.p }
 
 // HasWork reports whether any request is waiting or running.
-func (e *Engine) HasWork() bool { return len(e.running) > 0 || e.waiting.len() > 0 }
+func (e *Engine) HasWork() bool {
+	return len(e.running) > 0 || e.waiting.len() > 0 || e.pending.len() > 0
+}
 
 // Stats returns the current counters.
 func (e *Engine) Stats() Stats {
 	s := e.stats
-	s.Running, s.Waiting = len(e.running), e.waiting.len()
+	s.Running, s.Waiting, s.Pending = len(e.running), e.waiting.len(), e.pending.len()
 	s.UsedBlocks, s.TotalBlocks = e.kv.used(), e.kv.total()
 	s.KVUsage = float64(s.UsedBlocks) / float64(s.TotalBlocks)
 	return s
@@ -145,14 +165,43 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 	if total > e.p.MaxModelLen {
 		return fmt.Errorf("%w: %d prompt + %d output tokens > %d", ErrTooLong, r.PromptLen, r.MaxTokens, e.p.MaxModelLen)
 	}
-	if blocks := ceilDiv(total, e.p.BlockSize); blocks > e.kv.total() {
-		return fmt.Errorf("%w: %d tokens need %d KV blocks, the cache has %d", ErrTooLong, total, blocks, e.kv.total())
+	if blocks := ceilDiv(total, e.p.BlockSize); blocks > e.seqBlocks() {
+		return fmt.Errorf("%w: %d tokens need %d KV blocks, a sequence can have %d", ErrTooLong, total, blocks, e.seqBlocks())
 	}
 	e.Cut(now)
 	r.Arrival = now
 	r.State = StateWaiting
+	if e.p.RequestOverhead > 0 {
+		e.pending.pushBack(r)
+		return nil
+	}
 	e.waiting.pushBack(r)
 	return nil
+}
+
+// seqBlocks is the most KV blocks one sequence may hold: the whole cache,
+// or with slots one slot's share, so that slots never run short.
+func (e *Engine) seqBlocks() int {
+	if e.slots != nil {
+		return e.kv.total() / e.p.Slots
+	}
+	return e.kv.total()
+}
+
+// promote moves the pending requests whose overhead has passed by now to
+// the waiting queue, and returns when the next one will be ready (0 when
+// none is pending).
+func (e *Engine) promote(now time.Duration) time.Duration {
+	for e.pending.len() > 0 {
+		r := e.pending.front()
+		ready := r.Arrival + e.p.RequestOverhead
+		if ready > now {
+			return ready
+		}
+		e.pending.popFront()
+		e.waiting.pushBack(r)
+	}
+	return 0
 }
 
 // Abort ends r at now and releases its KV blocks. It does nothing if r is
@@ -162,6 +211,7 @@ func (e *Engine) Abort(now time.Duration, r *Request) {
 	switch r.State {
 	case StateWaiting:
 		e.waiting.remove(r)
+		e.pending.remove(r)
 	case StateRunning:
 		for i, x := range e.running {
 			if x == r {
@@ -169,6 +219,7 @@ func (e *Engine) Abort(now time.Duration, r *Request) {
 				break
 			}
 		}
+		e.slots.release(r, r.computed/e.p.BlockSize)
 	default:
 		return
 	}
@@ -188,6 +239,7 @@ func (e *Engine) Abort(now time.Duration, r *Request) {
 // harder to check against the original.
 func (e *Engine) Step(now time.Duration) StepResult {
 	e.Settle(now)
+	ready := e.promote(now)
 	res := StepResult{Start: now, End: now}
 	e.sched, e.tokens = e.sched[:0], e.tokens[:0]
 	budget := e.p.MaxNumBatchedTokens
@@ -233,6 +285,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 	}
 
 	if len(e.sched) == 0 {
+		res.End = e.idleEnd(now, ready)
 		return res
 	}
 	var w Work
@@ -245,6 +298,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 		}
 	}
 	dur := e.rf.stepTime(w)
+	res.ComputeTime, res.MemoryTime = e.rf.terms(w)
 	res.End = now + dur
 	e.stats.Steps++
 	e.stats.BusyTime += dur
@@ -268,6 +322,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 		e.stats.GenerationTokens++
 		e.tokens = append(e.tokens, r)
 		if r.Output >= r.MaxTokens {
+			e.slots.release(r, r.computed/e.p.BlockSize)
 			e.kv.release(r.blocks)
 			r.blocks = r.blocks[:0]
 			r.State, r.Finish = StateFinished, res.End
@@ -287,6 +342,17 @@ func (e *Engine) Step(now time.Duration) StepResult {
 	}
 	res.Tokens = e.tokens
 	return res
+}
+
+// idleEnd is the end of a step that scheduled nothing: now, or, when only
+// requests in their overhead remain, an idle wait until the first is ready
+// (no tokens, no busy time), so that the caller comes back then rather than
+// at the next arrival.
+func (e *Engine) idleEnd(now, ready time.Duration) time.Duration {
+	if len(e.running) == 0 && e.waiting.len() == 0 && ready > now {
+		return ready
+	}
+	return now
 }
 
 // restoreBudget recomputes the budget left after the running passes (a
@@ -324,8 +390,17 @@ func (e *Engine) admit(r *Request, budget int) bool {
 	// At least one token must be computed to sample from, so a prompt that is
 	// wholly cached still recomputes its last block.
 	maxHit := min((r.numTokens()-1)/e.p.BlockSize, len(r.BlockHashes))
-	hits, idle := e.kv.lookup(r.BlockHashes[:maxHit])
-	computed := hits * e.p.BlockSize
+	var hits, idle, slot, computed int
+	if e.slots != nil {
+		// No shared cache: only what the chosen slot holds is reused, in
+		// blocks of its own (all newly allocated below).
+		var kept int
+		slot, kept = e.slots.pick(r.BlockHashes[:maxHit])
+		computed = kept * e.p.BlockSize
+	} else {
+		hits, idle = e.kv.lookup(r.BlockHashes[:maxHit])
+		computed = hits * e.p.BlockSize
+	}
 	n := min(r.numTokens()-computed, budget)
 	need := ceilDiv(computed+n, e.p.BlockSize) - hits
 	if e.kv.free-idle < need {
@@ -339,6 +414,7 @@ func (e *Engine) admit(r *Request, budget int) bool {
 	}
 	r.blocks = e.kv.take(r.blocks[:0], hits)
 	r.computed = computed
+	e.slots.claim(slot, r)
 	if !r.admitted {
 		r.admitted = true
 		r.CachedTokens = computed
@@ -363,6 +439,9 @@ func (e *Engine) grow(r *Request, n, need int) {
 // publish makes the blocks that tokens [from, to) of r completed findable by
 // their hashes.
 func (e *Engine) publish(r *Request, from, to int) {
+	if e.slots != nil {
+		return // a slot's KV is its own: nothing is shared
+	}
 	end := min(to/e.p.BlockSize, len(r.BlockHashes))
 	cur := hashtab.NewCursor()
 	for i := from / e.p.BlockSize; i < end; i++ {
@@ -390,6 +469,7 @@ func (e *Engine) preempt(r *Request) {
 		}
 		r.scheduled = 0
 	}
+	e.slots.release(r, r.computed/e.p.BlockSize)
 	e.kv.release(r.blocks)
 	r.blocks = r.blocks[:0]
 	r.computed = 0

@@ -73,6 +73,44 @@ type Profile struct {
 	MaxNumSeqs int `yaml:"max_num_seqs"`
 	// MaxNumBatchedTokens is the token budget of one step.
 	MaxNumBatchedTokens int `yaml:"max_num_batched_tokens"`
+
+	// The behaviours below are not vLLM's; each is off at its zero value,
+	// so a profile that does not set them is the vLLM model unchanged. They
+	// let tests and benchmarks face engines whose latency responds to load
+	// in ways the router's built-in model does not assume
+	// (docs/engine-model.md, "Engines of other shapes").
+
+	// BatchSlowdown is k in a step time multiplied by 1 + k·(n−1), n the
+	// requests in the step, as third-party vLLM simulators scale latency
+	// with load; 0 (the default) multiplies by 1.
+	BatchSlowdown float64 `yaml:"batch_slowdown"`
+	// RequestOverhead is a fixed delay between a request's arrival and the
+	// first step that may schedule it (tokenisation, scheduling), paid once
+	// per request, off the GPU: other requests' steps go on meanwhile. 0
+	// (the default): none.
+	RequestOverhead time.Duration `yaml:"request_overhead"`
+	// Slots, when positive, makes the engine llama.cpp-like: that many
+	// slots, each running one sequence in its own share of the KV cache
+	// (Blocks()/Slots blocks), and a prompt reuses only what the slot it
+	// lands in holds from its previous sequence; blocks are never shared
+	// between slots (slots.go). It must equal MaxNumSeqs. 0 (the default):
+	// vLLM's shared prefix cache.
+	Slots int `yaml:"slots"`
+	// GPUName is the GPU's name as NVML reports it, the modelName label of
+	// the emulator's DCGM metrics; empty means DefaultGPUName. The engine
+	// model does not read it.
+	GPUName string `yaml:"gpu_name"`
+}
+
+// DefaultGPUName is the GPU name of a profile that does not set one.
+const DefaultGPUName = "NVIDIA H100 80GB HBM3"
+
+// GPU returns the profile's GPU name, DefaultGPUName when unset.
+func (p Profile) GPU() string {
+	if p.GPUName != "" {
+		return p.GPUName
+	}
+	return DefaultGPUName
 }
 
 // KVBytesPerToken is the KV cache size of one token over all GPUs: K and V of
@@ -135,6 +173,11 @@ func (p Profile) Validate() error {
 		{p.Blocks() > 0, "no KV blocks: set num_gpu_blocks or give the GPUs more memory than the weights"},
 		{p.MaxNumSeqs > 0, "max_num_seqs must be positive"},
 		{p.MaxNumBatchedTokens > 0, "max_num_batched_tokens must be positive"},
+		{p.BatchSlowdown >= 0 && !math.IsInf(p.BatchSlowdown, 0), "batch_slowdown must be a finite number, not negative"},
+		{p.RequestOverhead >= 0, "request_overhead must not be negative"},
+		{p.Slots >= 0, "slots must not be negative"},
+		{p.Slots == 0 || p.Slots == p.MaxNumSeqs, "slots must equal max_num_seqs: one running sequence per slot"},
+		{p.Slots == 0 || p.Blocks() >= p.Slots, "slots: fewer KV blocks than slots"},
 	}
 	for _, c := range checks {
 		if !c.ok {
@@ -202,6 +245,9 @@ type Work struct {
 	// ContextTokens is the number of tokens whose KV is read from memory
 	// (for every request in the batch, its context up to the end of the step).
 	ContextTokens int
+	// Requests is the number of requests in the step; only
+	// Profile.BatchSlowdown reads it.
+	Requests int
 }
 
 // AddChunk adds a request that computes tokens [from, to) of its sequence.
@@ -213,6 +259,7 @@ func (w *Work) AddChunk(from, to int) {
 	// Σ_{i=from}^{to-1} i: each token attends to every token before it.
 	w.AttendedPositions += (float64(to)*float64(to-1) - float64(from)*float64(from-1)) / 2
 	w.ContextTokens += to
+	w.Requests++
 }
 
 // StepTime is the duration of one step computing w: the slower of the
@@ -233,6 +280,8 @@ type roofline struct {
 	kv      float64 // bytes of KV per context token
 	bytes   float64 // bytes/s reached
 	fixed   time.Duration
+	// slowdown is Profile.BatchSlowdown.
+	slowdown float64
 }
 
 func (p Profile) roofline() roofline {
@@ -245,10 +294,11 @@ func (p Profile) roofline() roofline {
 		flops:  gpus * p.PeakFLOPS * p.MFU,
 		// Every step reads all weights once and the KV of every context
 		// token.
-		weights: p.WeightBytes(),
-		kv:      p.KVBytesPerToken(),
-		bytes:   gpus * p.MemBandwidth * p.MBU,
-		fixed:   p.StepOverhead + p.TPOverhead,
+		weights:  p.WeightBytes(),
+		kv:       p.KVBytesPerToken(),
+		bytes:    gpus * p.MemBandwidth * p.MBU,
+		fixed:    p.StepOverhead + p.TPOverhead,
+		slowdown: p.BatchSlowdown,
 	}
 }
 
@@ -256,9 +306,27 @@ func (r *roofline) stepTime(w Work) time.Duration {
 	if w.Tokens == 0 {
 		return 0
 	}
-	compute := (r.linear*float64(w.Tokens) + r.attend*w.AttendedPositions) / r.flops
-	memory := (r.weights + r.kv*float64(w.ContextTokens)) / r.bytes
-	return r.fixed + seconds(math.Max(compute, memory))
+	compute, memory := r.times(w)
+	d := r.fixed + seconds(math.Max(compute, memory))
+	if r.slowdown > 0 && w.Requests > 1 {
+		d = time.Duration(float64(d) * (1 + r.slowdown*float64(w.Requests-1)))
+	}
+	return d
+}
+
+// terms is times as durations.
+func (r *roofline) terms(w Work) (compute, memory time.Duration) {
+	c, m := r.times(w)
+	return seconds(c), seconds(m)
+}
+
+// times returns the roofline's two terms for w, in seconds: the time the
+// step's FLOPs take at the reached FLOP rate, and the time its bytes take
+// at the reached bandwidth.
+func (r *roofline) times(w Work) (compute, memory float64) {
+	compute = (r.linear*float64(w.Tokens) + r.attend*w.AttendedPositions) / r.flops
+	memory = (r.weights + r.kv*float64(w.ContextTokens)) / r.bytes
+	return compute, memory
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

@@ -71,6 +71,7 @@ type Request struct {
 	scheduled int     // tokens scheduled in the current step
 	blocks    []int32 // KV blocks held, in sequence order
 	admitted  bool    // scheduled at least once (prefix stats counted)
+	slot      int32   // 1 + the slot it runs in (Profile.Slots), 0: none
 }
 
 // numTokens is the length of the sequence so far: prompt plus output.

@@ -29,6 +29,13 @@ type Backend struct {
 	// adapter set); nil otherwise. Set before the backend is used, never
 	// changed after.
 	Labels map[string]string
+	// GPUMetricsURL, if set, is a GPU exporter's metrics page (NVIDIA's
+	// DCGM exporter) scraped with the backend's /metrics for the GPU
+	// signals its own page lacks; GPUPod, if set, keeps only the series
+	// labelled with that Kubernetes pod (an exporter serving a whole
+	// node). Set before the backend is used, never changed after.
+	GPUMetricsURL *url.URL
+	GPUPod        string
 
 	healthy atomic.Bool
 	info    atomic.Pointer[Info]
@@ -101,6 +108,11 @@ type Metrics struct {
 	// (from /slots): how many, and the context each can hold, in tokens
 	// (the smallest, if they differ). 0 for other engines.
 	Slots, SlotContext int
+	// GPUUtil is the GPU utilisation, the share of time a kernel ran, in
+	// [0, 1] (DCGM_FI_DEV_GPU_UTIL / 100), averaged over the backend's
+	// GPUs; SMActive is DCGM_FI_PROF_SM_ACTIVE likewise. Read from the
+	// backend's /metrics or its GPUMetricsURL; -1 when neither exports it.
+	GPUUtil, SMActive float64
 	// At is when the scrape finished.
 	At time.Time
 }

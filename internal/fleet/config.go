@@ -40,6 +40,10 @@ type fileConfig struct {
 		// variable that holds it.
 		APIKey    string `yaml:"api_key"`
 		APIKeyEnv string `yaml:"api_key_env"`
+		// GPUMetricsURL and GPUPod locate the backend's GPU metrics
+		// (Backend.GPUMetricsURL, Backend.GPUPod).
+		GPUMetricsURL string `yaml:"gpu_metrics_url"`
+		GPUPod        string `yaml:"gpu_pod"`
 	} `yaml:"backends"`
 	// yaml.v3 parses time.Duration from strings such as "500ms" and rejects
 	// bare numbers, which would be ambiguous.
@@ -53,6 +57,8 @@ type fileConfig struct {
 //	  - name: a                    # optional, defaults to backend-N (N: its index)
 //	    url: http://127.0.0.1:8001
 //	    api_key_env: GPU_A_KEY     # or api_key: KEY; sent as Authorization: Bearer
+//	    gpu_metrics_url: http://10.0.0.5:9400/metrics  # optional: its DCGM exporter
+//	    gpu_pod: vllm-a-0          # optional: only that pod's GPUs on the exporter
 //	  - url: http://127.0.0.1:8002
 //	scrape_interval: 1s
 //	health_interval: 1s
@@ -107,6 +113,10 @@ func parseConfig(data []byte) (Config, error) {
 		if b.APIKey, err = backendKey(e.APIKey, e.APIKeyEnv); err != nil {
 			return Config{}, fmt.Errorf("%w: backend %d: %w", ErrInvalidConfig, i+1, err)
 		}
+		if b.GPUMetricsURL, err = gpuMetricsURL(e.GPUMetricsURL); err != nil {
+			return Config{}, fmt.Errorf("%w: backend %d: %w", ErrInvalidConfig, i+1, err)
+		}
+		b.GPUPod = e.GPUPod
 		cfg.Backends = append(cfg.Backends, b)
 	}
 	if err := uniqueNames(cfg.Backends); err != nil {
@@ -227,3 +237,16 @@ func uniqueNames(bs []*Backend) error {
 
 // ParseConfig reads a configuration file's content, as LoadConfig does.
 func ParseConfig(data []byte) (Config, error) { return parseConfig(data) }
+
+// gpuMetricsURL parses a backend's gpu_metrics_url: a full http or https
+// URL of a metrics page, or nothing.
+func gpuMetricsURL(raw string) (*url.URL, error) {
+	if raw == "" {
+		return nil, nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+		return nil, fmt.Errorf("%w: gpu_metrics_url %q must be an http(s) URL with a host and no user info", ErrInvalidBackend, raw)
+	}
+	return u, nil
+}

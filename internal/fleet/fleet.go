@@ -167,6 +167,8 @@ type member struct {
 	scraper  scraper
 	// scrapeFailing is set while scrapes fail, to log it once.
 	scrapeFailing bool
+	// gpuFailing is the same for the backend's GPUMetricsURL.
+	gpuFailing bool
 }
 
 // New returns a fleet of backends with options opts. The backends keep their

@@ -48,11 +48,15 @@ var (
 	// llamaName marks a llama.cpp server, which has /slots to read too.
 	llamaName       = "llamacpp:requests_processing"
 	cacheConfigName = "vllm:cache_config_info"
+	// NVIDIA's DCGM exporter: utilisation in percent, SM activity as a
+	// ratio, per GPU (averaged over a backend's tensor-parallel GPUs).
+	gpuUtilName, smActiveName = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_SM_ACTIVE"
 )
 
 // wanted is every name above: the only lines of a scrape worth parsing.
 var wanted = func() map[string]bool {
-	w := map[string]bool{cacheConfigName: true, llamaComputedName: true, llamaCachedName: true}
+	w := map[string]bool{cacheConfigName: true, llamaComputedName: true, llamaCachedName: true,
+		gpuUtilName: true, smActiveName: true}
 	for _, names := range [][]string{runningNames, waitingNames, kvUsageNames, busyNames} {
 		for _, n := range names {
 			w[n] = true
@@ -106,6 +110,9 @@ func (f *Fleet) scrape(ctx context.Context, m *member) {
 	if err == nil && m.scraper.llama {
 		f.scrapeSlots(ctx, m, met)
 	}
+	if err == nil && m.b.GPUMetricsURL != nil {
+		f.scrapeGPU(ctx, m, met)
+	}
 	if ctx.Err() != nil {
 		return
 	}
@@ -149,6 +156,7 @@ func (s *scraper) parse(r io.Reader) (*Metrics, cacheConfig, error) {
 	}
 
 	met := &Metrics{KVUsage: -1}
+	met.GPUUtil, met.SMActive = gpuSignals(fams, "")
 	running, okR := first(fams, runningNames, sum)
 	waiting, okW := first(fams, waitingNames, sum)
 	if !okR && !okW {
@@ -179,6 +187,58 @@ func (s *scraper) parse(r io.Reader) (*Metrics, cacheConfig, error) {
 	}
 	_, s.llama = fams[llamaName]
 	return met, cacheShape(fams[cacheConfigName]), nil
+}
+
+// gpuSignals returns the GPU utilisation and SM activity in a DCGM
+// exposition, as fractions averaged over the GPUs, -1 when absent. A
+// non-empty pod keeps only the GPUs the exporter maps to that Kubernetes
+// pod (its pod label), for an exporter that serves a whole node.
+func gpuSignals(fams map[string]*dto.MetricFamily, pod string) (util, sm float64) {
+	util, sm = -1, -1
+	if v, ok := mean(podOnly(fams[gpuUtilName], pod)); ok {
+		util = min(max(v/100, 0), 1)
+	}
+	if v, ok := mean(podOnly(fams[smActiveName], pod)); ok {
+		sm = min(max(v, 0), 1)
+	}
+	return util, sm
+}
+
+// podOnly returns mf with only the samples labelled pod=pod; mf itself when
+// pod is empty.
+func podOnly(mf *dto.MetricFamily, pod string) *dto.MetricFamily {
+	if pod == "" || mf == nil {
+		return mf
+	}
+	kept := &dto.MetricFamily{}
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "pod" && l.GetValue() == pod {
+				kept.Metric = append(kept.Metric, m)
+				break
+			}
+		}
+	}
+	return kept
+}
+
+// parseGPU reads a GPU exporter's exposition (a backend's GPUMetricsURL)
+// and returns its GPU signals, -1 each when absent.
+func (s *scraper) parseGPU(r io.Reader, pod string) (util, sm float64, err error) {
+	if err := s.filter(r); err != nil {
+		return -1, -1, err
+	}
+	if !s.ready {
+		s.parser = expfmt.NewTextParser(model.UTF8Validation)
+		s.ready = true
+	}
+	s.rd.Reset(s.kept.Bytes())
+	fams, err := s.parser.TextToMetricFamilies(&s.rd)
+	if err != nil {
+		return -1, -1, err
+	}
+	util, sm = gpuSignals(fams, pod)
+	return util, sm, nil
 }
 
 // filter copies to s.kept the sample lines of wanted metrics from r,
@@ -317,4 +377,32 @@ func cacheShape(mf *dto.MetricFamily) cacheConfig {
 		}
 	}
 	return c
+}
+
+// scrapeGPU reads the GPU signals of m from its GPU exporter's URL into
+// met, where the backend's own /metrics had none. A failure leaves them
+// absent (-1) and is logged once until a scrape works again.
+func (f *Fleet) scrapeGPU(ctx context.Context, m *member, met *Metrics) {
+	b := m.b
+	// An exporter of its own: the backend's API key is not sent there.
+	err := f.fetch(ctx, &Backend{}, b.GPUMetricsURL.String(), acceptText, maxMetricsBody, func(r io.Reader) error {
+		util, sm, err := m.scraper.parseGPU(r, b.GPUPod)
+		if err == nil {
+			if met.GPUUtil < 0 {
+				met.GPUUtil = util
+			}
+			if met.SMActive < 0 {
+				met.SMActive = sm
+			}
+		}
+		return err
+	})
+	switch {
+	case err != nil && !m.gpuFailing && ctx.Err() == nil:
+		m.gpuFailing = true
+		f.log.Warn("backend GPU metrics scrape failed", "backend", b.Name, "url", b.GPUMetricsURL.String(), "err", err)
+	case err == nil && m.gpuFailing:
+		m.gpuFailing = false
+		f.log.Info("backend GPU metrics scrape recovered", "backend", b.Name)
+	}
 }
