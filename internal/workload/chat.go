@@ -86,6 +86,11 @@ type ChatConfig struct {
 	// Think is the mean pause between a reply and the next turn
 	// (exponentially distributed).
 	Think time.Duration
+	// LongFraction of the sessions ask for LongTokens of output on every
+	// turn: the users who want essays and code, whose streams hold a batch
+	// slot for seconds.
+	LongFraction float64
+	LongTokens   int
 }
 
 // DemoChat is the workload of `kvroute demo`: chats under four shared system
@@ -126,6 +131,18 @@ func SmallChat() ChatConfig {
 	}
 }
 
+// LongChat is chat where users outnumber an engine's batch slots and one
+// in four asks for long replies: DemoChat's conversations with short
+// pauses, 1,000 tokens a turn for the long-reply users. Prefix affinity and
+// load pull apart here: a server holding a conversation's cache may have
+// every slot busy streaming.
+func LongChat() ChatConfig {
+	c := DemoChat()
+	c.Think = 3 * time.Second
+	c.LongFraction, c.LongTokens = 0.25, 1000
+	return c
+}
+
 // Chat generates the sessions of cfg, deterministically for seed, sorted by
 // start time.
 func Chat(cfg ChatConfig, seed uint64) []Session {
@@ -158,8 +175,14 @@ func Chat(cfg ChatConfig, seed uint64) []Session {
 			Start:  time.Duration(rng.Float64() * float64(cfg.Span)),
 			System: drawSystem(),
 		}
+		light := cfg.LightTokens
+		// Drawn only when asked for, so that other chats' sessions stay
+		// what they were for their seed.
+		if cfg.LongFraction > 0 && rng.Float64() < cfg.LongFraction {
+			light = cfg.LongTokens
+		}
 		for t := range cfg.Turns {
-			turn := Turn{MaxTokens: cfg.LightTokens}
+			turn := Turn{MaxTokens: light}
 			if t > 0 {
 				turn.Think = time.Duration(rng.ExpFloat64() * float64(cfg.Think))
 			}
@@ -169,7 +192,7 @@ func Chat(cfg ChatConfig, seed uint64) []Session {
 			if rng.Float64() < cfg.HeavyFraction {
 				turn.Heavy = true
 				turn.User = "Summarise this document:\n" + Text(rng, cfg.DocumentBytes) + "\n" + turn.User
-				turn.MaxTokens = cfg.HeavyTokens
+				turn.MaxTokens = max(cfg.HeavyTokens, light)
 			}
 			s.Turns = append(s.Turns, turn)
 		}

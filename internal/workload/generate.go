@@ -64,7 +64,7 @@ type Options struct {
 
 // Specs lists the workload specs Load understands.
 func Specs() []string {
-	return []string{"chat", "small-chat", "multiturn[:PATH]", "shared-prefix", "agentic", "long-gen", "mixed", "mooncake[:PATH]", "azure[:PATH]"}
+	return []string{"chat", "chat-long", "small-chat", "multiturn[:PATH]", "shared-prefix", "agentic", "long-gen", "mixed", "mooncake[:PATH]", "azure[:PATH]"}
 }
 
 // DefaultMTBench is where multiturn looks for MT-Bench questions, relative
@@ -89,6 +89,8 @@ func Load(spec string, opts Options) (Workload, error) {
 	switch name {
 	case "chat":
 		w = chatWorkload(DemoChat(), opts)
+	case "chat-long":
+		w = chatWorkload(LongChat(), opts)
 	case "small-chat":
 		w = chatWorkload(SmallChat(), opts)
 	case "multiturn":
@@ -187,6 +189,9 @@ func chatWorkload(cfg ChatConfig, opts Options) Workload {
 	desc := fmt.Sprintf("%d chats of %d turns starting over %v under %d shared system prompts", cfg.Sessions, cfg.Turns, cfg.Span, cfg.SystemPrompts)
 	if cfg.HeavyFraction > 0 {
 		desc += fmt.Sprintf("; 1 turn in %.0f carries a %d KB document", 1/cfg.HeavyFraction, cfg.DocumentBytes/1000)
+	}
+	if cfg.LongFraction > 0 {
+		desc += fmt.Sprintf("; 1 user in %.0f asks for %d-token replies", 1/cfg.LongFraction, cfg.LongTokens)
 	}
 	return Workload{Description: desc, Sessions: Chat(cfg, opts.Seed)}
 }
