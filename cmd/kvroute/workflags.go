@@ -61,7 +61,9 @@ var defaultData = map[string]string{
 
 // loadWorkload loads the workload spec names (a trace workload without a
 // path reads its data set from ../shared/data or the data directory) and
-// returns it with the default output directory out/PREFIX-NAME. A data file
+// returns it with the default output directory out/PREFIX-NAME. Its name
+// (the reports' title and results.json's workload) is the data set's file
+// name, never its path. A data file
 // that is missing is an error naming `kvroute data fetch`.
 func loadWorkload(spec string, opts workload.Options, prefix string) (workload.Workload, string, error) {
 	name, path, hasPath := strings.Cut(spec, ":")
@@ -78,6 +80,9 @@ func loadWorkload(spec string, opts workload.Options, prefix string) (workload.W
 		spec = name + ":" + path
 	}
 	w, err := workload.Load(spec, opts)
+	if path != "" {
+		w.Name = name + ":" + filepath.Base(path) // the data set, not where this machine keeps it
+	}
 	return w, filepath.Join("out", prefix+"-"+name), err
 }
 
