@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -82,7 +83,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 		case cause == errShutdown:
 			a.status = statusLabel(http.StatusServiceUnavailable)
 			p.setRouteHeaders(w, &t.Decision)
-			writeError(w, unavailable("kvroute is shutting down; retry"))
+			writeError(w, openai.Unavailable("kvroute is shutting down; retry"))
 			return nil, false
 		case cause == errFirstTokenTimeout:
 			p.metrics.timeouts.WithLabelValues(b.Name, "first_token").Inc()

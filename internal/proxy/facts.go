@@ -7,6 +7,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -77,16 +78,16 @@ func parseGeneration(ep endpoint, body []byte, session string) (*generation, *ap
 	case endpointChat:
 		switch {
 		case messages == nil || isNull(messages):
-			return nil, badRequest("messages", "'messages' is a required property")
+			return nil, openai.BadRequest("messages", "'messages' is a required property")
 		case messages[0] != '[':
-			return nil, badRequest("messages", "invalid type for 'messages': expected an array of messages")
+			return nil, openai.BadRequest("messages", "invalid type for 'messages': expected an array of messages")
 		}
 		dst, e = renderChat(dst, messages)
 	case endpointResponses:
 		dst, e = renderResponses(dst, instructions, input)
 	default:
 		if prompt == nil || isNull(prompt) {
-			return nil, badRequest("prompt", "'prompt' is a required property")
+			return nil, openai.BadRequest("prompt", "'prompt' is a required property")
 		}
 		dst = renderPrompt(dst, prompt)
 	}
@@ -145,15 +146,15 @@ func sessionKey(header string, cacheKey, previous, safety, user, metadata []byte
 func jsonObject(body []byte) ([]byte, *apiError) {
 	i := skipSpace(body, 0)
 	if i == len(body) {
-		return nil, badRequest("", "request body is empty: expected a JSON object")
+		return nil, openai.BadRequest("", "request body is empty: expected a JSON object")
 	}
 	if !json.Valid(body) {
 		var v any
 		err := json.Unmarshal(body, &v) // only to say where and why
-		return nil, badRequest("", "malformed JSON in request body: %v", err)
+		return nil, openai.BadRequest("", "malformed JSON in request body: %v", err)
 	}
 	if body[i] != '{' {
-		return nil, badRequest("", "request body must be a JSON object")
+		return nil, openai.BadRequest("", "request body must be a JSON object")
 	}
 	return body, nil
 }
@@ -162,13 +163,13 @@ func jsonObject(body []byte) ([]byte, *apiError) {
 func modelName(v []byte) (string, *apiError) {
 	switch {
 	case v == nil || isNull(v):
-		return "", badRequest("model", "'model' is a required property")
+		return "", openai.BadRequest("model", "'model' is a required property")
 	case !isString(v):
-		return "", badRequest("model", "invalid type for 'model': expected a string")
+		return "", openai.BadRequest("model", "invalid type for 'model': expected a string")
 	}
 	name := stringValue(v)
 	if name == "" {
-		return "", badRequest("model", "'model' must not be empty")
+		return "", openai.BadRequest("model", "'model' must not be empty")
 	}
 	return name, nil
 }
@@ -194,7 +195,7 @@ func renderChat(dst, messages []byte) ([]byte, *apiError) {
 	for msg := range elems(messages) {
 		if !isObject(msg) {
 			param := messageParam(n)
-			return nil, badRequest(param, "invalid type for '%s': expected a message object", param)
+			return nil, openai.BadRequest(param, "invalid type for '%s': expected a message object", param)
 		}
 		var role, name, content, toolCalls, toolCallID, functionCall []byte
 		for m := range members(msg) {
@@ -216,7 +217,7 @@ func renderChat(dst, messages []byte) ([]byte, *apiError) {
 		}
 		if !isString(role) {
 			param := messageParam(n)
-			return nil, badRequest(param+".role", "'%s.role' is required and must be a string", param)
+			return nil, openai.BadRequest(param+".role", "'%s.role' is required and must be a string", param)
 		}
 		dst = appendString(dst, role)
 		if isString(name) {
@@ -240,7 +241,7 @@ func renderChat(dst, messages []byte) ([]byte, *apiError) {
 		n++
 	}
 	if n == 0 {
-		return nil, badRequest("messages", "'messages' must contain at least one message")
+		return nil, openai.BadRequest("messages", "'messages' must contain at least one message")
 	}
 	return dst, nil
 }
@@ -265,7 +266,7 @@ func renderResponses(dst, instructions, input []byte) ([]byte, *apiError) {
 		dst = appendString(dst, instructions)
 		dst = append(dst, '\n')
 	case instructions != nil && !isNull(instructions):
-		return nil, badRequest("instructions", "invalid type for 'instructions': expected a string")
+		return nil, openai.BadRequest("instructions", "invalid type for 'instructions': expected a string")
 	}
 	switch {
 	case input == nil || isNull(input):
@@ -275,13 +276,13 @@ func renderResponses(dst, instructions, input []byte) ([]byte, *apiError) {
 		dst = appendString(dst, input)
 		return append(dst, '\n'), nil
 	case input[0] != '[':
-		return nil, badRequest("input", "invalid type for 'input': expected a string or an array of input items")
+		return nil, openai.BadRequest("input", "invalid type for 'input': expected a string or an array of input items")
 	}
 	n := 0
 	for item := range elems(input) {
 		if !isObject(item) {
 			param := "input[" + strconv.Itoa(n) + "]"
-			return nil, badRequest(param, "invalid type for '%s': expected an input item object", param)
+			return nil, openai.BadRequest(param, "invalid type for '%s': expected an input item object", param)
 		}
 		var typ, role, content []byte
 		for m := range members(item) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -74,7 +75,7 @@ func (p *Proxy) route(c *call, cands []*fleet.Backend) (*router.Ticket, *apiErro
 	if c.req == nil {
 		t, err := p.byLoad.Route(&router.Request{Model: c.model}, cands)
 		if err != nil {
-			return nil, unavailable("no backend can take the request: %v", err)
+			return nil, openai.Unavailable("no backend can take the request: %v", err)
 		}
 		return t, nil
 	}
@@ -83,9 +84,9 @@ func (p *Proxy) route(c *call, cands []*fleet.Backend) (*router.Ticket, *apiErro
 	p.metrics.decision.Observe(p.now().Sub(t0).Seconds())
 	switch {
 	case errors.Is(err, router.ErrNoBackend):
-		return nil, unavailable("no backend can take the request: %v", err)
+		return nil, openai.Unavailable("no backend can take the request: %v", err)
 	case err != nil:
-		return nil, internal("routing policy %s failed: %v", p.router.Name(), err)
+		return nil, openai.Internal("routing policy %s failed: %v", p.router.Name(), err)
 	}
 	return t, nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -51,7 +52,7 @@ const (
 func (p *Proxy) entry(r *http.Request, req *router.Request) (admission.Entry, *apiError) {
 	class, err := admission.ParseClass(r.Header.Get(admission.HeaderPriority))
 	if err != nil {
-		return admission.Entry{}, badRequest("", "header %s: %v", admission.HeaderPriority, err)
+		return admission.Entry{}, openai.BadRequest("", "header %s: %v", admission.HeaderPriority, err)
 	}
 	tenant := r.Header.Get(admission.HeaderTenant)
 	if key, ok := KeyFromContext(r.Context()); ok {
@@ -71,7 +72,7 @@ func (p *Proxy) entry(r *http.Request, req *router.Request) (admission.Entry, *a
 	if s := r.Header.Get(HeaderDeadline); s != "" {
 		d, err := parseDeadline(s)
 		if err != nil {
-			return admission.Entry{}, badRequest("", "header %s: %v", HeaderDeadline, err)
+			return admission.Entry{}, openai.BadRequest("", "header %s: %v", HeaderDeadline, err)
 		}
 		deadline = d
 	}

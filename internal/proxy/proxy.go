@@ -41,6 +41,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -368,15 +369,6 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func notFound(r *http.Request) *apiError {
-	return &apiError{
-		Status:  http.StatusNotFound,
-		Message: "Invalid URL (" + r.Method + " " + r.URL.Path + ")",
-		Type:    typeInvalidRequest,
-		Code:    codeUnknownURL,
-	}
-}
-
 // allow reports whether r's method is one of methods, answering 405 with an
 // Allow header if not.
 func (p *Proxy) allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
@@ -440,7 +432,7 @@ const maxPrealloc = 1 << 20
 // readBody reads r's body, at most p.maxBody bytes.
 func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 	if r.ContentLength > p.maxBody {
-		return nil, tooLarge(p.maxBody)
+		return nil, openai.TooLarge(p.maxBody)
 	}
 	// Size the buffer by the declared length, but only up to a bound: a
 	// client that declares 32 MiB and sends nothing must not cost 32 MiB.
@@ -462,13 +454,13 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiEr
 	if err != nil {
 		w.Header().Set("Connection", "close")
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			return nil, tooLarge(p.maxBody)
+			return nil, openai.TooLarge(p.maxBody)
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			return nil, &apiError{Status: http.StatusRequestTimeout, Type: typeInvalidRequest, Code: codeRequestTimeout,
 				Message: fmt.Sprintf("the request body did not arrive within %v", p.res.BodyReadTimeout)}
 		}
-		return nil, badRequest("", "could not read request body: %v", err)
+		return nil, openai.BadRequest("", "could not read request body: %v", err)
 	}
 	return body, nil
 }
@@ -515,13 +507,13 @@ func (p *Proxy) candidates(w http.ResponseWriter, model string) ([]*fleet.Backen
 	}
 	for _, b := range p.fleet.Backends() {
 		if b.Info().Serves(model) {
-			return nil, unavailable("no healthy backend serves the model `%s`", model)
+			return nil, openai.Unavailable("no healthy backend serves the model `%s`", model)
 		}
 	}
 	if !p.fleet.Ready() {
-		return nil, unavailable("no backend is ready")
+		return nil, openai.Unavailable("no backend is ready")
 	}
-	return nil, modelNotFound(model)
+	return nil, openai.ModelNotFound(model)
 }
 
 // serveGeneration serves a chat, completion or Responses API request:
@@ -605,7 +597,7 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint)
 			cands = p.fleet.Healthy(nil)
 		}
 		if len(cands) == 0 {
-			p.reject(w, unavailable("no healthy backend"))
+			p.reject(w, openai.Unavailable("no healthy backend"))
 			return
 		}
 		// A stored response (an operator allowed /v1/responses/) is known
@@ -679,9 +671,9 @@ func (p *Proxy) Stop() {
 
 func (p *Proxy) notReady() *apiError {
 	if p.draining.Load() {
-		return unavailable("kvroute is draining")
+		return openai.Unavailable("kvroute is draining")
 	}
-	return unavailable("no backend is ready")
+	return openai.Unavailable("no backend is ready")
 }
 
 // Registerer is where the proxy's metrics are registered: its own registry
