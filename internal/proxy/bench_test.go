@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -103,28 +102,6 @@ func newBenchProxy(b *testing.B, backend string) (*Proxy, *httptest.Server) {
 		b.Fatal(err)
 	}
 	return p, httptest.NewServer(p)
-}
-
-// BenchmarkParseChat is the parse of a chat body into the request facts,
-// over conversation length.
-func BenchmarkParseChat(b *testing.B) {
-	turn := `{"role":"user","content":"` + strings.Repeat(`Tell me more about caching.\n`, 20) + `"},` +
-		`{"role":"assistant","content":"` + strings.Repeat(`Prefix caches keep KV blocks.\n`, 40) + `"}`
-	for _, turns := range []int{1, 8, 64} {
-		body := []byte(`{"model":"m","messages":[{"role":"system","content":"Be brief."},` +
-			strings.Repeat(turn+",", turns) + `{"role":"user","content":"Go on."}],"stream":true,"user":"u"}`)
-		b.Run(fmt.Sprintf("turns=%d", turns), func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(body)))
-			for b.Loop() {
-				g, e := parseGeneration(endpointChat, body, "")
-				if e != nil {
-					b.Fatal(e)
-				}
-				sink = g
-			}
-		})
-	}
 }
 
 // BenchmarkInspect is the scan of one streamed chunk.

@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/jsonscan"
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -26,22 +28,9 @@ const reasonLeastRequest = "least-request"
 // before the response was complete (nginx's 499).
 const statusClientClosed = "499"
 
-// endpoint is the kind of API call being served.
-type endpoint uint8
-
-// The endpoints. Generation endpoints are routed by the policy, by cache and
-// load; embeddings by load only; others to any backend serving the model.
-const (
-	endpointChat endpoint = iota
-	endpointCompletion
-	endpointEmbedding
-	endpointOther
-	endpointResponses // POST /v1/responses, routed as chat is
-)
-
 // call is one client request on its way to a backend.
 type call struct {
-	ep endpoint
+	ep request.Endpoint
 	// req is the request's facts; nil for the endpoints the policy does not
 	// route (embeddings and others), which are neither timed as
 	// generations nor reported to the policy.
@@ -221,11 +210,11 @@ func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response, body io.Re
 		}
 	}
 	if keep {
-		if u, ok := parseUsage(field(capture.Bytes(), "usage")); ok {
+		if u, ok := parseUsage(jsonscan.Field(capture.Bytes(), "usage")); ok {
 			a.setUsage(u)
 		}
-		if a.c.ep == endpointResponses {
-			a.out.ResponseID = stringValue(field(capture.Bytes(), "id"))
+		if a.c.ep == request.Responses {
+			a.out.ResponseID = jsonscan.StringValue(jsonscan.Field(capture.Bytes(), "id"))
 		}
 	}
 	return nil, nil

@@ -21,7 +21,7 @@ type Overload struct {
 	// timeout); see the admission package.
 	Admission admission.Config
 	// MaxPerBackend is the most generation requests in flight on one
-	// backend (default DefaultMaxPerBackend; negative: no cap). Past it a
+	// backend (default admission.DefaultMaxPerBackend; negative: no cap). Past it a
 	// backend is not a candidate, and when every candidate is full the
 	// request waits in the router's queue, where it can still go to
 	// whichever backend frees first, rather than in one engine's queue.
@@ -30,10 +30,6 @@ type Overload struct {
 	// sets no X-Kvroute-Deadline; 0 means none.
 	DefaultDeadline time.Duration
 }
-
-// DefaultMaxPerBackend is vLLM's max_num_seqs: past 256 sequences an engine
-// only queues.
-const DefaultMaxPerBackend = 256
 
 // Request headers of admission.
 const (

@@ -42,6 +42,7 @@ import (
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -51,15 +52,6 @@ const (
 	HeaderBackend = "X-Kvroute-Backend"
 	// HeaderRoute is the routing decision's reason ("prefix", "least-request", ...).
 	HeaderRoute = "X-Kvroute-Route"
-)
-
-// Defaults of Config.
-const (
-	// DefaultSessionHeader is the request header that carries a session key.
-	DefaultSessionHeader = "X-Session-ID"
-	// DefaultMaxBodyBytes bounds a request body: 32 MiB, room for a long
-	// context with images.
-	DefaultMaxBodyBytes = 32 << 20
 )
 
 // Fleet is what the proxy needs of the fleet of backends. Implementations
@@ -97,7 +89,7 @@ type Config struct {
 	Router *router.Router
 	// SessionHeader is the request header that carries a session key; it
 	// takes precedence over the body's prompt_cache_key and user. Empty
-	// means DefaultSessionHeader.
+	// means request.DefaultSessionHeader.
 	SessionHeader string
 	// Transport carries requests to the backends. Nil means a transport
 	// tuned for many concurrent long streams to a few hosts (see
@@ -129,7 +121,7 @@ type Config struct {
 	// math/rand/v2.IntN.
 	Rand func(n int) int
 	// MaxBodyBytes bounds a request body; larger ones get 413. Zero means
-	// DefaultMaxBodyBytes.
+	// request.DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 	// Resilience sets the timeouts and retries of requests to backends.
 	Resilience Resilience
@@ -201,7 +193,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{
 		fleet:         cfg.Fleet,
 		router:        cfg.Router,
-		sessionHeader: http.CanonicalHeaderKey(cmp.Or(cfg.SessionHeader, DefaultSessionHeader)), // else Header.Get makes it, every request
+		sessionHeader: http.CanonicalHeaderKey(cmp.Or(cfg.SessionHeader, request.DefaultSessionHeader)), // else Header.Get makes it, every request
 		transport:     cfg.Transport,
 		log:           cfg.Logger,
 		now:           cfg.Now,
@@ -228,7 +220,7 @@ func New(cfg Config) (*Proxy, error) {
 		p.rand = rand.IntN
 	}
 	if p.maxBody == 0 {
-		p.maxBody = DefaultMaxBodyBytes
+		p.maxBody = request.DefaultMaxBodyBytes
 	}
 	p.byLoad = router.NewRouter(byLoad{rand: p.rand}, nil)
 	p.res = cfg.Resilience.withDefaults()
@@ -239,7 +231,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.over = cfg.Overload
 	if p.over.MaxPerBackend == 0 {
-		p.over.MaxPerBackend = DefaultMaxPerBackend
+		p.over.MaxPerBackend = admission.DefaultMaxPerBackend
 	}
 	reg := cfg.Registerer
 	if reg == nil {
@@ -324,19 +316,19 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch path {
 	case "/v1/chat/completions":
 		if p.allow(w, r, http.MethodPost) {
-			p.serveGeneration(w, r, endpointChat)
+			p.serveGeneration(w, r, request.Chat)
 		}
 	case "/v1/completions":
 		if p.allow(w, r, http.MethodPost) {
-			p.serveGeneration(w, r, endpointCompletion)
+			p.serveGeneration(w, r, request.Completion)
 		}
 	case "/v1/responses":
 		if p.allow(w, r, http.MethodPost) {
-			p.serveGeneration(w, r, endpointResponses)
+			p.serveGeneration(w, r, request.Responses)
 		}
 	case "/v1/embeddings":
 		if p.allow(w, r, http.MethodPost) {
-			p.serveByLoad(w, r, endpointEmbedding)
+			p.serveByLoad(w, r, request.Embedding)
 		}
 	case "/v1/models":
 		if p.allow(w, r, http.MethodGet, http.MethodHead) {
@@ -362,7 +354,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	default:
 		if strings.HasPrefix(path, "/v1/") {
-			p.serveByLoad(w, r, endpointOther)
+			p.serveByLoad(w, r, request.Other)
 		} else {
 			p.reject(w, notFound(r))
 		}
@@ -518,43 +510,43 @@ func (p *Proxy) candidates(w http.ResponseWriter, model string) ([]*fleet.Backen
 
 // serveGeneration serves a chat, completion or Responses API request:
 // parse, route by the policy, forward.
-func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep endpoint) {
+func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep request.Endpoint) {
 	body, e := p.readBody(w, r)
 	if e != nil {
 		p.reject(w, e)
 		return
 	}
-	g, e := parseGeneration(ep, body, r.Header.Get(p.sessionHeader))
+	g, e := request.Parse(ep, body, r.Header.Get(p.sessionHeader))
 	if e != nil {
 		p.reject(w, e)
 		return
 	}
-	g.req.Body = body // for a policy that has the backend tokenize it
+	g.Request.Body = body // for a policy that has the backend tokenize it
 	// One estimate of the prompt's tokens for the rate limit, admission,
 	// the policy and the load accounting.
-	p.router.Estimate(&g.req)
-	if e := p.chargeTokens(w, r, &g.req); e != nil { // security.go: tokens per minute
-		p.rejectFor(w, e, g.req.Model)
+	p.router.Estimate(&g.Request)
+	if e := p.chargeTokens(w, r, &g.Request); e != nil { // security.go: tokens per minute
+		p.rejectFor(w, e, g.Request.Model)
 		return
 	}
-	entry, e := p.entry(r, &g.req)
+	entry, e := p.entry(r, &g.Request)
 	if e != nil {
-		p.rejectFor(w, e, g.req.Model)
+		p.rejectFor(w, e, g.Request.Model)
 		return
 	}
-	c := &call{ep: ep, req: &g.req, body: body, stream: g.stream, deadline: entry.Deadline, model: g.req.Model}
-	if g.stream && !g.includeUsage && ep != endpointResponses {
+	c := &call{ep: ep, req: &g.Request, body: body, stream: g.Stream, deadline: entry.Deadline, model: g.Request.Model}
+	if g.Stream && !g.IncludeUsage && ep != request.Responses {
 		// Ask for the usage chunk so that the router learns what the
 		// backend had cached; the client will not see it. (A Responses
 		// API stream always ends with its usage, in response.completed.)
-		c.body, c.hideUsage = withIncludeUsage(body)
+		c.body, c.hideUsage = request.WithIncludeUsage(body)
 	}
-	cands, e := p.candidates(w, g.req.Model)
+	cands, e := p.candidates(w, g.Request.Model)
 	if e != nil {
-		p.rejectFor(w, e, g.req.Model)
+		p.rejectFor(w, e, g.Request.Model)
 		return
 	}
-	cands, release, ok := p.admitGeneration(w, r, entry, cands, g.req.Model)
+	cands, release, ok := p.admitGeneration(w, r, entry, cands, g.Request.Model)
 	if !ok {
 		return
 	}
@@ -565,7 +557,7 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep endpo
 // serveByLoad serves embeddings and the other /v1 endpoints: routed to the
 // least loaded healthy backend that serves the body's model. Embeddings must
 // name a model; other endpoints fall back to any healthy backend.
-func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint) {
+func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep request.Endpoint) {
 	body, e := p.readBody(w, r)
 	if e != nil {
 		p.reject(w, e)
@@ -573,13 +565,8 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint)
 	}
 	var cands []*fleet.Backend
 	model := "" // the model label: a model the candidates serve
-	if ep == endpointEmbedding {
-		obj, e := jsonObject(body)
-		if e != nil {
-			p.reject(w, e)
-			return
-		}
-		model, e := modelName(field(obj, "model"))
+	if ep == request.Embedding {
+		model, e := request.RequireModel(body)
 		if e != nil {
 			p.reject(w, e)
 			return
@@ -589,7 +576,7 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint)
 			return
 		}
 	} else {
-		if model = bodyModel(body); model != "" {
+		if model = request.Model(body); model != "" {
 			cands = p.fleet.Candidates(nil, model)
 		}
 		if len(cands) == 0 {
@@ -602,7 +589,7 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint)
 		}
 		// A stored response (an operator allowed /v1/responses/) is known
 		// only to the backend that produced it.
-		if b := p.router.ResponseBackend(StoredResponseID(r.URL.Path)); b != nil && slices.Contains(cands, b) {
+		if b := p.router.ResponseBackend(request.StoredResponseID(r.URL.Path)); b != nil && slices.Contains(cands, b) {
 			cands = []*fleet.Backend{b}
 		}
 	}

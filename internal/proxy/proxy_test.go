@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -340,7 +341,7 @@ func TestSessionHeader(t *testing.T) {
 	_, px := newTestProxy(t, newFakeFleet(testBackend(t, 0, "b0", be.URL, "m")), pol,
 		func(c *Config) { c.SessionHeader = "X-Conversation" })
 	body := `{"model":"m","messages":[{"role":"user","content":"x"}],"user":"u"}`
-	post(t, px.URL, "/v1/chat/completions", body, "X-Conversation", "conv-1", DefaultSessionHeader, "ignored")
+	post(t, px.URL, "/v1/chat/completions", body, "X-Conversation", "conv-1", request.DefaultSessionHeader, "ignored")
 	if got := pol.lastRequest(t).SessionKey; got != "conv-1" {
 		t.Errorf("SessionKey = %q, want the configured header's", got)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -160,7 +161,7 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 		s.keyRequests.WithLabelValues(c.Name, outcomeAdmitted).Inc()
 	}
 	if forwardHere {
-		p.serveByLoad(w, r, endpointOther)
+		p.serveByLoad(w, r, request.Other)
 		return r, false
 	}
 	return r, true

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"sync"
+
+	"github.com/kvroute/kvroute/internal/jsonscan"
 )
 
 // usage is a response's token accounting; -1 where the response did not say.
@@ -21,23 +23,23 @@ var noUsage = usage{-1, -1, -1}
 // or the Responses API's (input_tokens, input_tokens_details.cached_tokens,
 // output_tokens). ok is false if v is not an object.
 func parseUsage(v []byte) (u usage, ok bool) {
-	if !isObject(v) {
+	if !jsonscan.IsObject(v) {
 		return noUsage, false
 	}
 	u = noUsage
-	for m := range members(v) {
-		x := v[m.val:m.end]
+	for m := range jsonscan.Members(v) {
+		x := v[m.Val:m.End]
 		switch {
-		case m.is("prompt_tokens"):
-			u.prompt = intValue(x)
-		case m.is("completion_tokens"):
-			u.completion = intValue(x)
-		case m.is("prompt_tokens_details"), m.is("input_tokens_details"):
-			u.cached = intValue(field(x, "cached_tokens"))
-		case m.is("input_tokens"):
-			u.prompt = intValue(x)
-		case m.is("output_tokens"):
-			u.completion = intValue(x)
+		case m.Is("prompt_tokens"):
+			u.prompt = jsonscan.IntValue(x)
+		case m.Is("completion_tokens"):
+			u.completion = jsonscan.IntValue(x)
+		case m.Is("prompt_tokens_details"), m.Is("input_tokens_details"):
+			u.cached = jsonscan.IntValue(jsonscan.Field(x, "cached_tokens"))
+		case m.Is("input_tokens"):
+			u.prompt = jsonscan.IntValue(x)
+		case m.Is("output_tokens"):
+			u.completion = jsonscan.IntValue(x)
 		}
 	}
 	return u, true
@@ -94,47 +96,47 @@ func (s *eventScanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 			s.done = true
 			continue
 		}
-		if !isObject(data) {
+		if !jsonscan.IsObject(data) {
 			continue
 		}
 		var choices, typ, delta, resp []byte
-		var use member
+		var use jsonscan.Member
 		hasUse := false
-		for m := range members(data) {
+		for m := range jsonscan.Members(data) {
 			switch {
-			case m.is("choices"):
-				choices = data[m.val:m.end]
-			case m.is("usage"):
+			case m.Is("choices"):
+				choices = data[m.Val:m.End]
+			case m.Is("usage"):
 				use, hasUse = m, true
-			case m.is("type"):
-				typ = data[m.val:m.end]
-			case m.is("delta"):
-				delta = data[m.val:m.end]
-			case m.is("response"):
-				resp = data[m.val:m.end]
+			case m.Is("type"):
+				typ = data[m.Val:m.End]
+			case m.Is("delta"):
+				delta = data[m.Val:m.End]
+			case m.Is("response"):
+				resp = data[m.Val:m.End]
 			}
 		}
 		if hasContent(choices) || isResponseDelta(typ, delta) {
 			s.tokens++
 		}
-		if isObject(resp) {
+		if jsonscan.IsObject(resp) {
 			if s.responseID == "" {
-				s.responseID = stringValue(field(resp, "id"))
+				s.responseID = jsonscan.StringValue(jsonscan.Field(resp, "id"))
 			}
 			// A Responses API event: its usage is the response's, set in
 			// the events that end it.
-			if u, ok := parseUsage(field(resp, "usage")); ok {
+			if u, ok := parseUsage(jsonscan.Field(resp, "usage")); ok {
 				s.usage, s.sawUsage = u, true
 			}
 		}
 		if !hasUse {
 			continue
 		}
-		uv := data[use.val:use.end]
+		uv := data[use.Val:use.End]
 		if u, ok := parseUsage(uv); ok {
 			s.usage, s.sawUsage = u, true
-			usageOnly = s.hideUsage && (choices == nil || isEmptyArray(choices))
-		} else if s.hideUsage && isNull(uv) && cutTo == 0 {
+			usageOnly = s.hideUsage && (choices == nil || jsonscan.IsEmptyArray(choices))
+		} else if s.hideUsage && jsonscan.IsNull(uv) && cutTo == 0 {
 			from, to := memberSpan(data, use)
 			cutFrom, cutTo = start+from, start+to
 		}
@@ -146,34 +148,34 @@ func (s *eventScanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 }
 
 // isResponseDelta reports whether a Responses API event of type typ (a raw
-// JSON string) with the delta member delta carries output: a
+// JSON string) with the delta jsonscan.Member delta carries output: a
 // response.output_text.delta, response.reasoning_text.delta,
 // response.refusal.delta, response.function_call_arguments.delta and the
 // like, with a non-empty delta.
 func isResponseDelta(typ, delta []byte) bool {
 	// The raw string, compared without decoding: event types are plain
 	// ASCII names.
-	return len(typ) > len(`"response..delta"`) && nonEmpty(delta) &&
+	return len(typ) > len(`"response..delta"`) && jsonscan.NonEmpty(delta) &&
 		bytes.HasPrefix(typ, []byte(`"response.`)) && bytes.HasSuffix(typ, []byte(`.delta"`))
 }
 
-// memberSpan returns the bytes of obj to remove to delete member m and one
+// memberSpan returns the bytes of obj to remove to delete jsonscan.Member m and one
 // of the commas around it.
-func memberSpan(obj []byte, m member) (from, to int) {
+func memberSpan(obj []byte, m jsonscan.Member) (from, to int) {
 	// Prefer the comma before it: `,"usage":null`.
-	i := m.key - 1
+	i := m.Key - 1
 	for i >= 0 && (obj[i] == ' ' || obj[i] == '\t' || obj[i] == '\n' || obj[i] == '\r') {
 		i--
 	}
 	if i >= 0 && obj[i] == ',' {
-		return i, m.end
+		return i, m.End
 	}
 	// The first member: take the comma after it, if any.
-	j := skipSpace(obj, m.end)
+	j := jsonscan.SkipSpace(obj, m.End)
 	if j < len(obj) && obj[j] == ',' {
-		return m.key, skipSpace(obj, j+1)
+		return m.Key, jsonscan.SkipSpace(obj, j+1)
 	}
-	return m.key, m.end
+	return m.Key, m.End
 }
 
 // hasContent reports whether the choices of a chunk carry output: text, a
@@ -181,19 +183,19 @@ func memberSpan(obj []byte, m member) (from, to int) {
 // that opens a stream (`"delta":{"role":"assistant","content":""}`) does
 // not count.
 func hasContent(choices []byte) bool {
-	for c := range elems(choices) {
-		for m := range members(c) {
-			v := c[m.val:m.end]
+	for c := range jsonscan.Elems(choices) {
+		for m := range jsonscan.Members(c) {
+			v := c[m.Val:m.End]
 			switch {
-			case m.is("text"):
-				if nonEmpty(v) {
+			case m.Is("text"):
+				if jsonscan.NonEmpty(v) {
 					return true
 				}
-			case m.is("delta"):
-				for d := range members(v) {
-					x := v[d.val:d.end]
-					if (d.is("content") || d.is("reasoning_content") || d.is("reasoning") ||
-						d.is("tool_calls") || d.is("function_call")) && nonEmpty(x) {
+			case m.Is("delta"):
+				for d := range jsonscan.Members(v) {
+					x := v[d.Val:d.End]
+					if (d.Is("content") || d.Is("reasoning_content") || d.Is("reasoning") ||
+						d.Is("tool_calls") || d.Is("function_call")) && jsonscan.NonEmpty(x) {
 						return true
 					}
 				}

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -104,7 +105,7 @@ func (p *Proxy) traceCall(r *http.Request, c *call) {
 		return
 	}
 	if c.req == nil {
-		if m := bodyModel(c.body); m != "" {
+		if m := request.Model(c.body); m != "" {
 			span.SetAttributes(attribute.String("gen_ai.request.model", m))
 		}
 		return

@@ -1,4 +1,12 @@
-package proxy
+// Package jsonscan holds the small amount of JSON navigation the request
+// parser and the proxy's stream scanner need: find a member of an object,
+// walk an array, unescape a string, compact a value. It works on the bytes
+// in place, without decoding whole documents and without allocating,
+// because it runs on every request body and on every streamed chunk. It
+// checks structure (strings and brackets), not the full grammar: request
+// bodies are checked with json.Valid first, and on backend output a
+// malformed value simply reads as absent. No input makes it panic or loop.
+package jsonscan
 
 import (
 	"bytes"
@@ -8,18 +16,9 @@ import (
 	"unicode/utf8"
 )
 
-// This file holds the small amount of JSON navigation the proxy needs: find a
-// member of an object, walk an array, unescape a string, compact a value.
-// It works on the bytes in place, without decoding whole documents and
-// without allocating, because it runs on every request body and on every
-// streamed chunk. It checks structure (strings and brackets), not the full
-// grammar: request bodies are checked with json.Valid first, and on backend
-// output a malformed value simply reads as absent. No input makes it panic
-// or loop.
-
-// skipSpace returns the index of the first byte of b at or after i that is
+// SkipSpace returns the index of the first byte of b at or after i that is
 // not JSON whitespace.
-func skipSpace(b []byte, i int) int {
+func SkipSpace(b []byte, i int) int {
 	for i < len(b) {
 		switch b[i] {
 		case ' ', '\t', '\n', '\r':
@@ -99,21 +98,21 @@ func valueEnd(b []byte, i int) int {
 	return -1
 }
 
-// member is one name/value pair of a JSON object, located in the object's
+// Member is one name/value pair of a JSON object, located in the object's
 // text.
-type member struct {
+type Member struct {
 	// name is the key as written, without its quotes (it may hold escapes).
 	name []byte
-	// key is the index of the key's opening quote; val and end delimit
+	// Key is the index of the key's opening quote; Val and End delimit
 	// the value.
-	key, val, end int
+	Key, Val, End int
 	// escaped is set when name holds a backslash: looked for once, not at
 	// every comparison, which run for every member of every streamed chunk.
 	escaped bool
 }
 
-// is reports whether the member's key is name.
-func (m member) is(name string) bool {
+// Is reports whether the member's key is name.
+func (m Member) Is(name string) bool {
 	if !m.escaped {
 		return string(m.name) == name // compiles to a comparison, no allocation
 	}
@@ -125,118 +124,118 @@ func (m member) is(name string) bool {
 	return json.Unmarshal(q, &s) == nil && s == name
 }
 
-// members yields the members of the JSON object obj (which may be surrounded
+// Members yields the members of the JSON object obj (which may be surrounded
 // by whitespace) in order. It stops early at malformed input, and yields
 // nothing if obj is not an object.
-func members(obj []byte) iter.Seq[member] {
-	return func(yield func(member) bool) {
-		i := skipSpace(obj, 0)
+func Members(obj []byte) iter.Seq[Member] {
+	return func(yield func(Member) bool) {
+		i := SkipSpace(obj, 0)
 		if i >= len(obj) || obj[i] != '{' {
 			return
 		}
-		i = skipSpace(obj, i+1)
+		i = SkipSpace(obj, i+1)
 		for i < len(obj) && obj[i] == '"' {
 			ke := stringEnd(obj, i)
 			if ke < 0 {
 				return
 			}
-			c := skipSpace(obj, ke)
+			c := SkipSpace(obj, ke)
 			if c >= len(obj) || obj[c] != ':' {
 				return
 			}
-			v := skipSpace(obj, c+1)
+			v := SkipSpace(obj, c+1)
 			e := valueEnd(obj, v)
 			if e < 0 {
 				return
 			}
 			name := obj[i+1 : ke-1]
-			if !yield(member{name: name, key: i, val: v, end: e, escaped: bytes.IndexByte(name, '\\') >= 0}) {
+			if !yield(Member{name: name, Key: i, Val: v, End: e, escaped: bytes.IndexByte(name, '\\') >= 0}) {
 				return
 			}
-			i = skipSpace(obj, e)
+			i = SkipSpace(obj, e)
 			if i >= len(obj) || obj[i] != ',' {
 				return
 			}
-			i = skipSpace(obj, i+1)
+			i = SkipSpace(obj, i+1)
 		}
 	}
 }
 
-// lookup returns the member called name of the object obj. Like Go's and
+// Lookup returns the member called name of the object obj. Like Go's and
 // Python's JSON decoders, it takes the last of duplicate keys, so the proxy
 // reads the same value the backend will.
-func lookup(obj []byte, name string) (m member, ok bool) {
-	for x := range members(obj) {
-		if x.is(name) {
+func Lookup(obj []byte, name string) (m Member, ok bool) {
+	for x := range Members(obj) {
+		if x.Is(name) {
 			m, ok = x, true
 		}
 	}
 	return m, ok
 }
 
-// field returns the value of the member called name of the object obj, or
+// Field returns the value of the member called name of the object obj, or
 // nil if there is none.
-func field(obj []byte, name string) []byte {
-	if m, ok := lookup(obj, name); ok {
-		return obj[m.val:m.end]
+func Field(obj []byte, name string) []byte {
+	if m, ok := Lookup(obj, name); ok {
+		return obj[m.Val:m.End]
 	}
 	return nil
 }
 
-// elems yields the elements of the JSON array arr (which may be surrounded by
+// Elems yields the elements of the JSON array arr (which may be surrounded by
 // whitespace) in order. It stops early at malformed input, and yields nothing
 // if arr is not an array.
-func elems(arr []byte) iter.Seq[[]byte] {
+func Elems(arr []byte) iter.Seq[[]byte] {
 	return func(yield func([]byte) bool) {
-		i := skipSpace(arr, 0)
+		i := SkipSpace(arr, 0)
 		if i >= len(arr) || arr[i] != '[' {
 			return
 		}
-		i = skipSpace(arr, i+1)
+		i = SkipSpace(arr, i+1)
 		for i < len(arr) && arr[i] != ']' {
 			e := valueEnd(arr, i)
 			if e < 0 || !yield(arr[i:e]) {
 				return
 			}
-			i = skipSpace(arr, e)
+			i = SkipSpace(arr, e)
 			if i >= len(arr) || arr[i] != ',' {
 				return
 			}
-			i = skipSpace(arr, i+1)
+			i = SkipSpace(arr, i+1)
 		}
 	}
 }
 
-// isObject reports whether v is a JSON object.
-func isObject(v []byte) bool { return len(v) > 0 && v[0] == '{' }
+// IsObject reports whether v is a JSON object.
+func IsObject(v []byte) bool { return len(v) > 0 && v[0] == '{' }
 
-// isString reports whether v is a JSON string.
-func isString(v []byte) bool { return len(v) > 1 && v[0] == '"' }
+// IsString reports whether v is a JSON string.
+func IsString(v []byte) bool { return len(v) > 1 && v[0] == '"' }
 
-// isNull reports whether v is JSON null.
-func isNull(v []byte) bool { return string(v) == "null" }
+// IsNull reports whether v is JSON null.
+func IsNull(v []byte) bool { return string(v) == "null" }
 
-// isEmptyArray reports whether v is an array without elements.
-func isEmptyArray(v []byte) bool {
+// IsEmptyArray reports whether v is an array without elements.
+func IsEmptyArray(v []byte) bool {
 	if len(v) == 0 || v[0] != '[' {
 		return false
 	}
-	for range elems(v) {
+	for range Elems(v) {
 		return false
 	}
 	return true
 }
 
-// nonEmpty reports whether v carries something: a string other than "", an
+// NonEmpty reports whether v carries something: a string other than "", an
 // array or object with members, a number or true.
-func nonEmpty(v []byte) bool {
+func NonEmpty(v []byte) bool {
 	switch {
-	case len(v) == 0, isNull(v), string(v) == "false", string(v) == `""`:
+	case len(v) == 0, IsNull(v), string(v) == "false", string(v) == `""`:
 		return false
 	case v[0] == '[':
-		return !isEmptyArray(v)
+		return !IsEmptyArray(v)
 	case v[0] == '{':
-		for range members(v) {
+		for range Members(v) {
 			return true
 		}
 		return false
@@ -244,9 +243,9 @@ func nonEmpty(v []byte) bool {
 	return true
 }
 
-// intValue returns the non-negative integer v, or -1 if v is not one. A
+// IntValue returns the non-negative integer v, or -1 if v is not one. A
 // number with a zero fraction ("12.0") counts, as Python clients send them.
-func intValue(v []byte) int {
+func IntValue(v []byte) int {
 	if len(v) == 0 {
 		return -1
 	}
@@ -272,9 +271,9 @@ func intValue(v []byte) int {
 	return n
 }
 
-// appendString appends the text of the JSON string raw (with its quotes) to
+// AppendString appends the text of the JSON string raw (with its quotes) to
 // dst, unescaped. Invalid escapes become U+FFFD, as encoding/json does.
-func appendString(dst, raw []byte) []byte {
+func AppendString(dst, raw []byte) []byte {
 	if len(raw) < 2 {
 		return dst
 	}
@@ -349,21 +348,21 @@ func hex4(s []byte) (rune, bool) {
 	return r, true
 }
 
-// stringValue returns the text of v if it is a JSON string, else "".
-func stringValue(v []byte) string {
-	if !isString(v) {
+// StringValue returns the text of v if it is a JSON string, else "".
+func StringValue(v []byte) string {
+	if !IsString(v) {
 		return ""
 	}
 	if bytes.IndexByte(v, '\\') < 0 {
 		return string(v[1 : len(v)-1])
 	}
-	return string(appendString(nil, v))
+	return string(AppendString(nil, v))
 }
 
-// appendCompact appends the JSON value raw to dst without the whitespace
+// AppendCompact appends the JSON value raw to dst without the whitespace
 // outside its strings, so that equal values written with different spacing
 // render equally.
-func appendCompact(dst, raw []byte) []byte {
+func AppendCompact(dst, raw []byte) []byte {
 	for i := 0; i < len(raw); {
 		switch c := raw[i]; c {
 		case ' ', '\t', '\n', '\r':

@@ -1,4 +1,4 @@
-package proxy
+package request
 
 import (
 	"encoding/json"
@@ -7,16 +7,17 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
 func chatPrompt(t *testing.T, body string) string {
 	t.Helper()
-	g, e := parseGeneration(endpointChat, []byte(body), "")
+	g, e := Parse(Chat, []byte(body), "")
 	if e != nil {
 		t.Fatalf("parse %s: %v", body, e)
 	}
-	return g.req.Prompt
+	return g.Request.Prompt
 }
 
 func TestRenderChat(t *testing.T) {
@@ -136,12 +137,12 @@ func TestRenderCompletionPrompt(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g, e := parseGeneration(endpointCompletion, []byte(`{"model":"m","prompt":`+tt.prompt+`}`), "")
+			g, e := Parse(Completion, []byte(`{"model":"m","prompt":`+tt.prompt+`}`), "")
 			if e != nil {
 				t.Fatal(e)
 			}
-			if g.req.Prompt != tt.want {
-				t.Errorf("Prompt = %q, want %q", g.req.Prompt, tt.want)
+			if g.Request.Prompt != tt.want {
+				t.Errorf("Prompt = %q, want %q", g.Request.Prompt, tt.want)
 			}
 		})
 	}
@@ -152,68 +153,68 @@ func TestParseGenerationFacts(t *testing.T) {
 		name   string
 		header string
 		body   string
-		want   generation
+		want   Generation
 	}{
 		{
 			name:   "session header wins",
 			header: "hdr",
 			body:   `{"model":"m","messages":[{"role":"user","content":"x"}],"prompt_cache_key":"pck","user":"u"}`,
-			want:   generation{req: router.Request{SessionKey: "hdr"}},
+			want:   Generation{Request: router.Request{SessionKey: "hdr"}},
 		},
 		{
 			name: "then prompt_cache_key",
 			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"prompt_cache_key":"pck","user":"u"}`,
-			want: generation{req: router.Request{SessionKey: "pck"}},
+			want: Generation{Request: router.Request{SessionKey: "pck"}},
 		},
 		{
 			name: "then user",
 			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"user":"u"}`,
-			want: generation{req: router.Request{SessionKey: "u"}},
+			want: Generation{Request: router.Request{SessionKey: "u"}},
 		},
 		{
 			name: "no session",
 			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"user":null}`,
-			want: generation{},
+			want: Generation{},
 		},
 		{
 			name: "max_completion_tokens over max_tokens",
 			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":5,"max_completion_tokens":7}`,
-			want: generation{req: router.Request{MaxTokens: 7}},
+			want: Generation{Request: router.Request{MaxTokens: 7}},
 		},
 		{
 			name: "max_tokens",
 			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":5}`,
-			want: generation{req: router.Request{MaxTokens: 5}},
+			want: Generation{Request: router.Request{MaxTokens: 5}},
 		},
 		{
 			name: "odd max_tokens is no estimate",
 			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":"5"}`,
-			want: generation{},
+			want: Generation{},
 		},
 		{
 			name: "stream without usage",
 			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}`,
-			want: generation{stream: true},
+			want: Generation{Stream: true},
 		},
 		{
 			name: "stream with usage",
 			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":true}}`,
-			want: generation{stream: true, includeUsage: true},
+			want: Generation{Stream: true, IncludeUsage: true},
 		},
 		{
 			name: "last duplicate key wins, as in the backend",
 			body: `{"model":"other","messages":[{"role":"user","content":"x"}],"model":"m"}`,
-			want: generation{},
+			want: Generation{},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g, e := parseGeneration(endpointChat, []byte(tt.body), tt.header)
+			g, e := Parse(Chat, []byte(tt.body), tt.header)
 			if e != nil {
 				t.Fatal(e)
 			}
-			tt.want.req.Model = "m"
-			tt.want.req.Prompt = "user\nx\n"
+			tt.want.Request.Model = "m"
+			tt.want.Request.Prompt = "user\nx\n"
 			if !reflect.DeepEqual(*g, tt.want) {
 				t.Errorf("got %+v, want %+v", *g, tt.want)
 			}
@@ -224,31 +225,31 @@ func TestParseGenerationFacts(t *testing.T) {
 func TestParseGenerationErrors(t *testing.T) {
 	tests := []struct {
 		name      string
-		ep        endpoint
+		ep        Endpoint
 		body      string
 		wantParam string
 	}{
-		{"empty", endpointChat, ``, ""},
-		{"malformed", endpointChat, `{"model":`, ""},
-		{"not an object", endpointChat, `["model"]`, ""},
-		{"no model", endpointChat, `{"messages":[{"role":"user","content":"x"}]}`, "model"},
-		{"model not a string", endpointChat, `{"model":7,"messages":[]}`, "model"},
-		{"empty model", endpointChat, `{"model":"","messages":[]}`, "model"},
-		{"no messages", endpointChat, `{"model":"m"}`, "messages"},
-		{"messages not an array", endpointChat, `{"model":"m","messages":"hi"}`, "messages"},
-		{"no message", endpointChat, `{"model":"m","messages":[]}`, "messages"},
-		{"message not an object", endpointChat, `{"model":"m","messages":["hi"]}`, "messages[0]"},
-		{"message without role", endpointChat, `{"model":"m","messages":[{"content":"hi"}]}`, "messages[0].role"},
-		{"no prompt", endpointCompletion, `{"model":"m"}`, "prompt"},
+		{"empty", Chat, ``, ""},
+		{"malformed", Chat, `{"model":`, ""},
+		{"not an object", Chat, `["model"]`, ""},
+		{"no model", Chat, `{"messages":[{"role":"user","content":"x"}]}`, "model"},
+		{"model not a string", Chat, `{"model":7,"messages":[]}`, "model"},
+		{"empty model", Chat, `{"model":"","messages":[]}`, "model"},
+		{"no messages", Chat, `{"model":"m"}`, "messages"},
+		{"messages not an array", Chat, `{"model":"m","messages":"hi"}`, "messages"},
+		{"no message", Chat, `{"model":"m","messages":[]}`, "messages"},
+		{"message not an object", Chat, `{"model":"m","messages":["hi"]}`, "messages[0]"},
+		{"message without role", Chat, `{"model":"m","messages":[{"content":"hi"}]}`, "messages[0].role"},
+		{"no prompt", Completion, `{"model":"m"}`, "prompt"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, e := parseGeneration(tt.ep, []byte(tt.body), "")
+			_, e := Parse(tt.ep, []byte(tt.body), "")
 			if e == nil {
 				t.Fatal("no error")
 			}
-			if e.Status != 400 || e.Type != typeInvalidRequest || e.Param != tt.wantParam {
-				t.Errorf("error %+v, want 400 %s about %q", e, typeInvalidRequest, tt.wantParam)
+			if e.Status != 400 || e.Type != openai.TypeInvalidRequest || e.Param != tt.wantParam {
+				t.Errorf("error %+v, want 400 %s about %q", e, openai.TypeInvalidRequest, tt.wantParam)
 			}
 		})
 	}
@@ -276,7 +277,7 @@ func TestWithIncludeUsage(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, ok := withIncludeUsage([]byte(tt.body))
+			got, ok := WithIncludeUsage([]byte(tt.body))
 			if string(got) != tt.want || ok != tt.wantOK {
 				t.Errorf("got %s, %v; want %s, %v", got, ok, tt.want, tt.wantOK)
 			}
@@ -296,7 +297,7 @@ func TestWithIncludeUsage(t *testing.T) {
 			delete(before, "stream_options")
 			delete(after, "stream_options")
 			if !reflect.DeepEqual(before, after) {
-				t.Errorf("other members changed: %v -> %v", before, after)
+				t.Errorf("other jsonscan.Members changed: %v -> %v", before, after)
 			}
 		})
 	}

@@ -1,4 +1,4 @@
-package proxy
+package request
 
 import (
 	"encoding/json"
@@ -7,86 +7,91 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/kvroute/kvroute/internal/jsonscan"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
-// generation is what the proxy reads from the body of a chat or completion
-// request: the router's facts and what forwarding needs to know.
-type generation struct {
-	req router.Request
-	// stream is the request's "stream": true.
-	stream bool
-	// includeUsage is the request's stream_options.include_usage: true.
-	includeUsage bool
+// Generation is what a router front reads from the body of a chat,
+// completion or Responses API request: the routing facts, and whether the
+// response streams and already carries its usage.
+type Generation struct {
+	// Request is the router's facts: model, session key, the canonical
+	// prompt, max_tokens.
+	Request router.Request
+	// Stream is the request's "stream": true.
+	Stream bool
+	// IncludeUsage is the request's stream_options.include_usage: true.
+	IncludeUsage bool
 }
 
-// parseGeneration reads the body of a chat (endpointChat), completion
-// (endpointCompletion) or Responses API (endpointResponses) request in one
-// pass. session is the session header's value, which takes precedence over
-// the body's keys (see sessionKey for their order).
-func parseGeneration(ep endpoint, body []byte, session string) (*generation, *apiError) {
+// Parse reads the body of a chat (Chat), completion (Completion) or
+// Responses API (Responses) request in one pass. session is the session
+// header's value, which takes precedence over the body's keys (see
+// sessionKey for their order). The error is a 400 to answer the client
+// with.
+func Parse(ep Endpoint, body []byte, session string) (*Generation, *openai.Error) {
 	obj, e := jsonObject(body)
 	if e != nil {
 		return nil, e
 	}
 	var model, messages, prompt, cacheKey, user, maxTokens, maxCompletion, stream, opts []byte
 	var input, instructions, maxOutput, previous, safety, metadata []byte
-	for m := range members(obj) {
-		v := obj[m.val:m.end]
+	for m := range jsonscan.Members(obj) {
+		v := obj[m.Val:m.End]
 		switch {
-		case m.is("model"):
+		case m.Is("model"):
 			model = v
-		case m.is("messages"):
+		case m.Is("messages"):
 			messages = v
-		case m.is("prompt"):
+		case m.Is("prompt"):
 			prompt = v
-		case m.is("prompt_cache_key"):
+		case m.Is("prompt_cache_key"):
 			cacheKey = v
-		case m.is("user"):
+		case m.Is("user"):
 			user = v
-		case m.is("max_tokens"):
+		case m.Is("max_tokens"):
 			maxTokens = v
-		case m.is("max_completion_tokens"):
+		case m.Is("max_completion_tokens"):
 			maxCompletion = v
-		case m.is("stream"):
+		case m.Is("stream"):
 			stream = v
-		case m.is("stream_options"):
+		case m.Is("stream_options"):
 			opts = v
-		case m.is("input"):
+		case m.Is("input"):
 			input = v
-		case m.is("instructions"):
+		case m.Is("instructions"):
 			instructions = v
-		case m.is("max_output_tokens"):
+		case m.Is("max_output_tokens"):
 			maxOutput = v
-		case m.is("previous_response_id"):
+		case m.Is("previous_response_id"):
 			previous = v
-		case m.is("safety_identifier"):
+		case m.Is("safety_identifier"):
 			safety = v
-		case m.is("metadata"):
+		case m.Is("metadata"):
 			metadata = v
 		}
 	}
-	g := &generation{}
-	if g.req.Model, e = modelName(model); e != nil {
+	g := &Generation{}
+	if g.Request.Model, e = modelName(model); e != nil {
 		return nil, e
 	}
 
 	// The rendered prompt is about as long as the body: size it once.
 	dst := make([]byte, 0, len(body))
 	switch ep {
-	case endpointChat:
+	case Chat:
 		switch {
-		case messages == nil || isNull(messages):
+		case messages == nil || jsonscan.IsNull(messages):
 			return nil, openai.BadRequest("messages", "'messages' is a required property")
 		case messages[0] != '[':
 			return nil, openai.BadRequest("messages", "invalid type for 'messages': expected an array of messages")
 		}
 		dst, e = renderChat(dst, messages)
-	case endpointResponses:
+	case Responses:
 		dst, e = renderResponses(dst, instructions, input)
 	default:
-		if prompt == nil || isNull(prompt) {
+		if prompt == nil || jsonscan.IsNull(prompt) {
 			return nil, openai.BadRequest("prompt", "'prompt' is a required property")
 		}
 		dst = renderPrompt(dst, prompt)
@@ -96,22 +101,22 @@ func parseGeneration(ep endpoint, body []byte, session string) (*generation, *ap
 	}
 	// dst is not written again: the prompt is its bytes, not a copy of them
 	// (as strings.Builder makes its string).
-	g.req.Prompt = unsafe.String(unsafe.SliceData(dst), len(dst))
+	g.Request.Prompt = unsafe.String(unsafe.SliceData(dst), len(dst))
 
-	if ep != endpointResponses {
-		previous = nil // not a member of chat or completion requests
+	if ep != Responses {
+		previous = nil // not a jsonscan.Member of chat or completion requests
 	}
-	g.req.PreviousResponseID = stringValue(previous)
-	g.req.SessionKey = sessionKey(session, cacheKey, previous, safety, user, metadata)
-	g.req.MaxTokens = max(intValue(maxCompletion), 0)
-	if g.req.MaxTokens == 0 {
-		g.req.MaxTokens = max(intValue(maxTokens), 0)
+	g.Request.PreviousResponseID = jsonscan.StringValue(previous)
+	g.Request.SessionKey = sessionKey(session, cacheKey, previous, safety, user, metadata)
+	g.Request.MaxTokens = max(jsonscan.IntValue(maxCompletion), 0)
+	if g.Request.MaxTokens == 0 {
+		g.Request.MaxTokens = max(jsonscan.IntValue(maxTokens), 0)
 	}
-	if ep == endpointResponses {
-		g.req.MaxTokens = max(intValue(maxOutput), 0)
+	if ep == Responses {
+		g.Request.MaxTokens = max(jsonscan.IntValue(maxOutput), 0)
 	}
-	g.stream = string(stream) == "true"
-	g.includeUsage = string(field(opts, "include_usage")) == "true"
+	g.Stream = string(stream) == "true"
+	g.IncludeUsage = string(jsonscan.Field(opts, "include_usage")) == "true"
 	return g, nil
 }
 
@@ -128,13 +133,13 @@ func sessionKey(header string, cacheKey, previous, safety, user, metadata []byte
 		return header
 	}
 	for _, v := range [...][]byte{cacheKey, previous, safety, user} {
-		if k := stringValue(v); k != "" {
+		if k := jsonscan.StringValue(v); k != "" {
 			return k
 		}
 	}
-	if isObject(metadata) {
+	if jsonscan.IsObject(metadata) {
 		for _, name := range [...]string{"session_id", "conversation_id"} {
-			if k := stringValue(field(metadata, name)); k != "" {
+			if k := jsonscan.StringValue(jsonscan.Field(metadata, name)); k != "" {
 				return k
 			}
 		}
@@ -143,8 +148,8 @@ func sessionKey(header string, cacheKey, previous, safety, user, metadata []byte
 }
 
 // jsonObject checks that body is one JSON object and returns it.
-func jsonObject(body []byte) ([]byte, *apiError) {
-	i := skipSpace(body, 0)
+func jsonObject(body []byte) ([]byte, *openai.Error) {
+	i := jsonscan.SkipSpace(body, 0)
 	if i == len(body) {
 		return nil, openai.BadRequest("", "request body is empty: expected a JSON object")
 	}
@@ -160,28 +165,39 @@ func jsonObject(body []byte) ([]byte, *apiError) {
 }
 
 // modelName validates the "model" member's value v and returns the name.
-func modelName(v []byte) (string, *apiError) {
+func modelName(v []byte) (string, *openai.Error) {
 	switch {
-	case v == nil || isNull(v):
+	case v == nil || jsonscan.IsNull(v):
 		return "", openai.BadRequest("model", "'model' is a required property")
-	case !isString(v):
+	case !jsonscan.IsString(v):
 		return "", openai.BadRequest("model", "invalid type for 'model': expected a string")
 	}
-	name := stringValue(v)
+	name := jsonscan.StringValue(v)
 	if name == "" {
 		return "", openai.BadRequest("model", "'model' must not be empty")
 	}
 	return name, nil
 }
 
-// bodyModel returns the "model" of a JSON object body, or "" if it has none.
+// RequireModel returns the model named by body, which must be a JSON
+// object with a non-empty string "model" (an embeddings request), or the
+// 400 to answer the client with.
+func RequireModel(body []byte) (string, *openai.Error) {
+	obj, e := jsonObject(body)
+	if e != nil {
+		return "", e
+	}
+	return modelName(jsonscan.Field(obj, "model"))
+}
+
+// Model returns the "model" of a JSON object body, or "" if it has none.
 // It serves the endpoints that are routed by model only when they name one.
-func bodyModel(body []byte) string {
-	i := skipSpace(body, 0)
+func Model(body []byte) string {
+	i := jsonscan.SkipSpace(body, 0)
 	if i == len(body) || body[i] != '{' || !json.Valid(body) {
 		return ""
 	}
-	return stringValue(field(body, "model"))
+	return jsonscan.StringValue(jsonscan.Field(body, "model"))
 }
 
 // renderChat appends the canonical text of a chat conversation to dst: for
@@ -190,51 +206,51 @@ func bodyModel(body []byte) string {
 // newline. The result depends only on what the model sees, never on the
 // body's layout or on other request fields, so the turns of one conversation
 // render as prefixes of each other: what the router's prefix index needs.
-func renderChat(dst, messages []byte) ([]byte, *apiError) {
+func renderChat(dst, messages []byte) ([]byte, *openai.Error) {
 	n := 0
-	for msg := range elems(messages) {
-		if !isObject(msg) {
+	for msg := range jsonscan.Elems(messages) {
+		if !jsonscan.IsObject(msg) {
 			param := messageParam(n)
 			return nil, openai.BadRequest(param, "invalid type for '%s': expected a message object", param)
 		}
 		var role, name, content, toolCalls, toolCallID, functionCall []byte
-		for m := range members(msg) {
-			v := msg[m.val:m.end]
+		for m := range jsonscan.Members(msg) {
+			v := msg[m.Val:m.End]
 			switch {
-			case m.is("role"):
+			case m.Is("role"):
 				role = v
-			case m.is("name"):
+			case m.Is("name"):
 				name = v
-			case m.is("content"):
+			case m.Is("content"):
 				content = v
-			case m.is("tool_calls"):
+			case m.Is("tool_calls"):
 				toolCalls = v
-			case m.is("tool_call_id"):
+			case m.Is("tool_call_id"):
 				toolCallID = v
-			case m.is("function_call"):
+			case m.Is("function_call"):
 				functionCall = v
 			}
 		}
-		if !isString(role) {
+		if !jsonscan.IsString(role) {
 			param := messageParam(n)
 			return nil, openai.BadRequest(param+".role", "'%s.role' is required and must be a string", param)
 		}
-		dst = appendString(dst, role)
-		if isString(name) {
-			dst = appendString(append(dst, " name="...), name)
+		dst = jsonscan.AppendString(dst, role)
+		if jsonscan.IsString(name) {
+			dst = jsonscan.AppendString(append(dst, " name="...), name)
 		}
-		if isString(toolCallID) {
-			dst = appendString(append(dst, " tool_call_id="...), toolCallID)
+		if jsonscan.IsString(toolCallID) {
+			dst = jsonscan.AppendString(append(dst, " tool_call_id="...), toolCallID)
 		}
 		dst = append(dst, '\n')
 		start := len(dst)
 		dst = appendContent(dst, content)
 		for _, call := range [...][]byte{toolCalls, functionCall} {
-			if nonEmpty(call) {
+			if jsonscan.NonEmpty(call) {
 				if len(dst) > start {
 					dst = append(dst, '\n')
 				}
-				dst = appendCompact(dst, call)
+				dst = jsonscan.AppendCompact(dst, call)
 			}
 		}
 		dst = append(dst, '\n')
@@ -259,54 +275,54 @@ func renderChat(dst, messages []byte) ([]byte, *apiError) {
 // still counts in the prefix and differs where the model's input differs.
 // A missing or null input renders nothing (a request may continue a stored
 // response or a prompt template with none).
-func renderResponses(dst, instructions, input []byte) ([]byte, *apiError) {
+func renderResponses(dst, instructions, input []byte) ([]byte, *openai.Error) {
 	switch {
-	case isString(instructions):
+	case jsonscan.IsString(instructions):
 		dst = append(dst, "system\n"...)
-		dst = appendString(dst, instructions)
+		dst = jsonscan.AppendString(dst, instructions)
 		dst = append(dst, '\n')
-	case instructions != nil && !isNull(instructions):
+	case instructions != nil && !jsonscan.IsNull(instructions):
 		return nil, openai.BadRequest("instructions", "invalid type for 'instructions': expected a string")
 	}
 	switch {
-	case input == nil || isNull(input):
+	case input == nil || jsonscan.IsNull(input):
 		return dst, nil
-	case isString(input):
+	case jsonscan.IsString(input):
 		dst = append(dst, "user\n"...)
-		dst = appendString(dst, input)
+		dst = jsonscan.AppendString(dst, input)
 		return append(dst, '\n'), nil
 	case input[0] != '[':
 		return nil, openai.BadRequest("input", "invalid type for 'input': expected a string or an array of input items")
 	}
 	n := 0
-	for item := range elems(input) {
-		if !isObject(item) {
+	for item := range jsonscan.Elems(input) {
+		if !jsonscan.IsObject(item) {
 			param := "input[" + strconv.Itoa(n) + "]"
 			return nil, openai.BadRequest(param, "invalid type for '%s': expected an input item object", param)
 		}
 		var typ, role, content []byte
-		for m := range members(item) {
-			v := item[m.val:m.end]
+		for m := range jsonscan.Members(item) {
+			v := item[m.Val:m.End]
 			switch {
-			case m.is("type"):
+			case m.Is("type"):
 				typ = v
-			case m.is("role"):
+			case m.Is("role"):
 				role = v
-			case m.is("content"):
+			case m.Is("content"):
 				content = v
 			}
 		}
-		if isString(role) && (typ == nil || stringValue(typ) == "message") {
-			dst = appendString(dst, role)
+		if jsonscan.IsString(role) && (typ == nil || jsonscan.StringValue(typ) == "message") {
+			dst = jsonscan.AppendString(dst, role)
 			dst = append(dst, '\n')
 			dst = appendContent(dst, content)
 			dst = append(dst, '\n')
 		} else {
-			if isString(typ) {
-				dst = appendString(dst, typ)
+			if jsonscan.IsString(typ) {
+				dst = jsonscan.AppendString(dst, typ)
 			}
 			dst = append(dst, '\n')
-			dst = appendCompact(dst, item)
+			dst = jsonscan.AppendCompact(dst, item)
 			dst = append(dst, '\n')
 		}
 		n++
@@ -324,35 +340,35 @@ func messageParam(n int) string { return "messages[" + strconv.Itoa(n) + "]" }
 // prompts without copying megabytes of base64 into the prompt.
 func appendContent(dst, content []byte) []byte {
 	switch {
-	case len(content) == 0 || isNull(content):
+	case len(content) == 0 || jsonscan.IsNull(content):
 		return dst
-	case isString(content):
-		return appendString(dst, content)
+	case jsonscan.IsString(content):
+		return jsonscan.AppendString(dst, content)
 	case content[0] != '[':
-		return appendCompact(dst, content)
+		return jsonscan.AppendCompact(dst, content)
 	}
 	first := true
-	for part := range elems(content) {
+	for part := range jsonscan.Elems(content) {
 		if !first {
 			dst = append(dst, '\n')
 		}
 		first = false
-		if isString(part) {
-			dst = appendString(dst, part)
+		if jsonscan.IsString(part) {
+			dst = jsonscan.AppendString(dst, part)
 			continue
 		}
-		if text := field(part, "text"); isString(text) {
-			dst = appendString(dst, text)
+		if text := jsonscan.Field(part, "text"); jsonscan.IsString(text) {
+			dst = jsonscan.AppendString(dst, text)
 			continue
 		}
 		// Compact the part in place to hash it, then replace it by the
 		// digest.
 		mark := len(dst)
-		dst = appendCompact(dst, part)
+		dst = jsonscan.AppendCompact(dst, part)
 		sum := xxhash.Sum64(dst[mark:])
 		dst = dst[:mark]
 		dst = append(dst, '<')
-		dst = appendString(dst, field(part, "type"))
+		dst = jsonscan.AppendString(dst, jsonscan.Field(part, "type"))
 		dst = append(dst, ' ')
 		dst = strconv.AppendUint(dst, sum, 16)
 		dst = append(dst, '>')
@@ -367,25 +383,25 @@ func appendContent(dst, content []byte) []byte {
 // as compact JSON and left to the backend to judge.
 func renderPrompt(dst, prompt []byte) []byte {
 	switch {
-	case isString(prompt):
-		return appendString(dst, prompt)
+	case jsonscan.IsString(prompt):
+		return jsonscan.AppendString(dst, prompt)
 	case prompt[0] != '[':
-		return appendCompact(dst, prompt)
+		return jsonscan.AppendCompact(dst, prompt)
 	}
 	// A first element that is a string or an array makes a batch.
-	for el := range elems(prompt) {
-		if isString(el) || el[0] == '[' {
+	for el := range jsonscan.Elems(prompt) {
+		if jsonscan.IsString(el) || el[0] == '[' {
 			return renderPrompt(dst, el)
 		}
 		break
 	}
-	for el := range elems(prompt) {
-		if intValue(el) < 0 {
-			return appendCompact(dst, prompt)
+	for el := range jsonscan.Elems(prompt) {
+		if jsonscan.IntValue(el) < 0 {
+			return jsonscan.AppendCompact(dst, prompt)
 		}
 	}
 	sep := false
-	for el := range elems(prompt) {
+	for el := range jsonscan.Elems(prompt) {
 		if sep {
 			dst = append(dst, ' ')
 		}
@@ -395,38 +411,39 @@ func renderPrompt(dst, prompt []byte) []byte {
 	return dst
 }
 
-// withIncludeUsage returns body with stream_options.include_usage set to
-// true, changing nothing else: the member is inserted, or its value
-// replaced, at the one place it belongs. It reports false and leaves body as
-// it is when stream_options is neither absent, null nor an object (the
-// backend will reject the request and the client should see why). body must
-// be a valid JSON object.
-func withIncludeUsage(body []byte) ([]byte, bool) {
+// WithIncludeUsage returns body, a valid JSON object, with
+// stream_options.include_usage set to true, changing nothing else: the
+// member is inserted, or its value replaced, at the one place it belongs.
+// Fronts send streamed requests so, for the backend to report the cached
+// tokens the router learns from. It reports false, and returns body as it
+// is, when stream_options is neither absent, null nor an object (the
+// backend will reject the request and the client should see why).
+func WithIncludeUsage(body []byte) ([]byte, bool) {
 	const set = `"include_usage":true`
-	so, found := lookup(body, "stream_options")
+	so, found := jsonscan.Lookup(body, "stream_options")
 	if !found {
-		at := skipSpace(body, 0) + 1 // just inside the top-level '{'
+		at := jsonscan.SkipSpace(body, 0) + 1 // just inside the top-level '{'
 		// Constants, not a concatenation: that would be an allocation
 		// of its own for every streamed request.
 		ins := `"stream_options":{` + set + `},`
-		if body[skipSpace(body, at)] == '}' {
+		if body[jsonscan.SkipSpace(body, at)] == '}' {
 			ins = ins[:len(ins)-1]
 		}
 		return splice(body, at, at, ins), true
 	}
-	v := body[so.val:so.end]
+	v := body[so.Val:so.End]
 	switch {
-	case isNull(v):
-		return splice(body, so.val, so.end, "{"+set+"}"), true
-	case isObject(v):
-		if iu, ok := lookup(v, "include_usage"); ok {
-			return splice(body, so.val+iu.val, so.val+iu.end, "true"), true
+	case jsonscan.IsNull(v):
+		return splice(body, so.Val, so.End, "{"+set+"}"), true
+	case jsonscan.IsObject(v):
+		if iu, ok := jsonscan.Lookup(v, "include_usage"); ok {
+			return splice(body, so.Val+iu.Val, so.Val+iu.End, "true"), true
 		}
 		ins := set + ","
-		if v[skipSpace(v, 1)] == '}' {
+		if v[jsonscan.SkipSpace(v, 1)] == '}' {
 			ins = ins[:len(ins)-1]
 		}
-		return splice(body, so.val+1, so.val+1, ins), true
+		return splice(body, so.Val+1, so.Val+1, ins), true
 	}
 	return body, false
 }
