@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/upstream"
 )
 
 // defaultMetricsListen is where /metrics is served by default: loopback,
@@ -144,7 +145,7 @@ func (s *securityConfig) proxyConfig(cfg proxy.Config) proxy.Config {
 		MetricsElsewhere:  s.metricsListen != "",
 	}
 	if s.clientTLS != nil {
-		t := proxy.NewTransport()
+		t := upstream.NewTransport()
 		t.TLSClientConfig = s.clientTLS.Clone()
 		cfg.Transport = t
 	}

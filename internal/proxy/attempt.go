@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/upstream"
 )
 
 // Defaults of Resilience. Each is in docs/operations.md with its reason.
@@ -432,28 +433,28 @@ type idleReader struct {
 
 // push pushes the body if it can be, noting every push of bytes as Read
 // notes reads.
-func (ir idleReader) push(s byteSink) (bool, error) {
-	p, ok := ir.r.(pusher)
+func (ir idleReader) push(s upstream.Sink) (bool, error) {
+	p, ok := ir.r.(upstream.Pusher)
 	if !ok {
 		return false, nil
 	}
 	ir.a.sink = idleSink{s: s, a: ir.a} // in the attempt: boxed on its own, it would be allocated
-	return p.push(&ir.a.sink)
+	return p.Push(&ir.a.sink)
 }
 
 // idleSink is idleReader's sink.
 type idleSink struct {
-	s byteSink
+	s upstream.Sink
 	a *attempt
 }
 
-func (is idleSink) space() ([]byte, error) { return is.s.space() }
+func (is idleSink) Space() ([]byte, error) { return is.s.Space() }
 
-func (is idleSink) took(n int, more bool) error {
+func (is idleSink) Took(n int, more bool) error {
 	if is.a.first {
 		is.a.wd.touch()
 	}
-	return is.s.took(n, more)
+	return is.s.Took(n, more)
 }
 
 func (ir idleReader) Read(b []byte) (int, error) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/upstream"
 )
 
 // attempt is one try of a call at one backend: its ticket (its share of the
@@ -73,7 +74,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	defer p.retried(c)
 	a.wd.firstToken(p.firstTokenDeadline(c, t))
 
-	res, err := p.transport.RoundTrip(a.traced(p.upstream(upstreamRequest(ctx, r, b, c.body), b))) // security.go: credentials; tracing.go: traceparent
+	res, err := p.transport.RoundTrip(a.traced(p.withCredentials(upstream.NewRequest(ctx, r, b.URL, c.body), b))) // security.go: credentials; tracing.go: traceparent
 	if err != nil {
 		cause := context.Cause(ctx)
 		switch {
@@ -153,7 +154,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 // trailers announced. It reports whether the response is an event stream,
 // and how many trailers were announced.
 func responseHeaders(res *http.Response) (stream bool, announced int) {
-	removeHopHeaders(res.Header)
+	upstream.RemoveHopHeaders(res.Header)
 	stream = isEventStream(res.Header.Get("Content-Type"))
 	if stream {
 		res.Header.Del("Content-Length")

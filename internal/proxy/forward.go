@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -218,111 +217,6 @@ func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response, body io.Re
 		}
 	}
 	return nil, nil
-}
-
-// upstreamRequest builds the request to backend b for the client's request
-// in, with body as its body, bound to ctx.
-func upstreamRequest(ctx context.Context, in *http.Request, b *fleet.Backend, body []byte) *http.Request {
-	u := *b.URL
-	u.Path = joinPath(b.URL.Path, in.URL.Path)
-	u.RawPath = ""
-	u.RawQuery = in.URL.RawQuery
-	u.Fragment = ""
-	// As http.NewRequestWithContext makes it, without parsing a URL and
-	// making a header only to replace them; the method was valid on the
-	// way in.
-	out := (&http.Request{Method: in.Method, URL: &u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1}).WithContext(ctx)
-	if len(body) > 0 {
-		out.Body, out.ContentLength = newUpstreamBody(body), int64(len(body))
-		// The transport may resend it on a stale connection.
-		out.GetBody = func() (io.ReadCloser, error) { return newUpstreamBody(body), nil }
-	}
-
-	out.Header = in.Header.Clone()
-	removeHopHeaders(out.Header)
-	if wantsTrailers(in.Header) {
-		out.Header.Set("Te", "trailers")
-	}
-	// The proxy reads usage from the bodies: ask for them uncompressed.
-	out.Header.Del("Accept-Encoding")
-	out.Header.Del("Content-Length")
-	out.Header.Del("Expect") // the body is here already
-	if _, ok := out.Header["User-Agent"]; !ok {
-		out.Header.Set("User-Agent", "") // not Go's default
-	}
-	if ip, _, err := net.SplitHostPort(in.RemoteAddr); err == nil {
-		if prior := out.Header.Values("X-Forwarded-For"); len(prior) > 0 {
-			ip = strings.Join(prior, ", ") + ", " + ip
-		}
-		out.Header.Set("X-Forwarded-For", ip)
-	}
-	// A kept-alive connection the backend closed while idle fails the
-	// request before the backend read it (llama-server closes them after 5
-	// s); the transport resends only requests it may repeat. This one it
-	// may: an empty key marks it so without sending the header.
-	_, key := out.Header["Idempotency-Key"]
-	_, xkey := out.Header["X-Idempotency-Key"]
-	if !key && !xkey {
-		out.Header["X-Idempotency-Key"] = nil
-	}
-	return out
-}
-
-// upstreamBody is the body of a request to a backend: in memory, which the
-// lean path writes as it is (writeRequest).
-type upstreamBody struct{ bytes.Reader }
-
-func newUpstreamBody(b []byte) *upstreamBody {
-	u := new(upstreamBody)
-	u.Reset(b)
-	return u
-}
-
-func (*upstreamBody) Close() error { return nil }
-
-// joinPath puts the request path under the backend URL's path prefix.
-func joinPath(prefix, path string) string {
-	prefix = strings.TrimSuffix(prefix, "/")
-	if prefix == "" {
-		return path
-	}
-	if !strings.HasPrefix(path, "/") {
-		path = "/" + path
-	}
-	return prefix + path
-}
-
-// hopHeaders are the hop-by-hop headers, as httputil.ReverseProxy lists
-// them: they concern one connection, not the request.
-var hopHeaders = []string{
-	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
-}
-
-// removeHopHeaders removes the hop-by-hop headers from h, and the headers
-// its Connection header names.
-func removeHopHeaders(h http.Header) {
-	for _, f := range h["Connection"] {
-		for sf := range strings.SplitSeq(f, ",") {
-			if sf = strings.TrimSpace(sf); sf != "" {
-				h.Del(sf)
-			}
-		}
-	}
-	for _, f := range hopHeaders {
-		h.Del(f)
-	}
-}
-
-func wantsTrailers(h http.Header) bool {
-	for _, v := range h["Te"] {
-		for t := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(t), "trailers") {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // The headers Config.Explain adds, for policies that predict: the prompt

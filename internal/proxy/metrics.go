@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/upstream"
 )
 
 // Label values for requests that never reached a backend, and of the model
@@ -76,7 +78,7 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 		cut: counter("kvroute_responses_cut_total",
 			`Responses cut short after part of them reached the client, by reason: "read" (the backend failed), "first_token", "idle" or "shutdown". Streams end with an error event.`,
 			[]string{"backend", "reason"}),
-		upstream: newUpstreamCounter(),
+		upstream: upstream.NewConnCounter(),
 		deadline: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_deadline_refused_total",
 			Help: "Requests refused at once because the best backend's predicted time to first token missed their deadline."}),
 	}

@@ -24,7 +24,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -44,6 +43,7 @@ import (
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/upstream"
 )
 
 // Response headers that explain each routed request.
@@ -93,8 +93,8 @@ type Config struct {
 	SessionHeader string
 	// Transport carries requests to the backends. Nil means a transport
 	// tuned for many concurrent long streams to a few hosts (see
-	// NewTransport). Plain-http requests through an *http.Transport go by
-	// the lean path (upstream.go) unless StdlibUpstream is set.
+	// upstream.NewTransport). Plain-http requests through an *http.Transport
+	// go by the lean path (upstream.Lean) unless StdlibUpstream is set.
 	Transport http.RoundTripper
 	// StdlibUpstream sends every request through Transport as it is, not
 	// the lean path: the fallback should the lean path misbehave with some
@@ -202,11 +202,10 @@ func New(cfg Config) (*Proxy, error) {
 		explain:       cfg.Explain,
 	}
 	if p.transport == nil {
-		p.transport = NewTransport()
+		p.transport = upstream.NewTransport()
 	}
 	if t, ok := p.transport.(*http.Transport); ok && !cfg.StdlibUpstream {
-		if lean := newLeanTransport(t); lean != nil {
-			lean.raw = !cfg.NetConnIO
+		if lean := upstream.NewLean(t, !cfg.NetConnIO); lean != nil {
 			p.transport = lean
 		}
 	}
@@ -245,8 +244,8 @@ func New(cfg Config) (*Proxy, error) {
 	if p.metrics, err = newMetrics(reg, cfg.Fleet); err != nil {
 		return nil, err
 	}
-	if lean, ok := p.transport.(*leanTransport); ok {
-		lean.countOn(p.metrics.upstream)
+	if lean, ok := p.transport.(*upstream.Lean); ok {
+		lean.CountOn(p.metrics.upstream)
 	}
 	// A fleet that reports on its backends (health, ejections) has its
 	// metrics served beside the proxy's.
@@ -273,35 +272,6 @@ func New(cfg Config) (*Proxy, error) {
 	p.created = p.now().Unix()
 	p.tracer = newTracer(cfg.TracerProvider)
 	return p, nil
-}
-
-// NewTransport returns the default transport to the backends: idle
-// connections kept for many concurrent streams to few hosts, a short dial
-// timeout (a refused or unroutable backend is retried elsewhere), no
-// response-header timeout (a non-streaming generation sends its headers
-// only when it is done), no proxy from the environment (backends are
-// internal), no compression (the proxy reads usage from the bodies, and
-// LLM traffic is small next to its compute), and idle connections dropped
-// before the backends drop them (below).
-func NewTransport() *http.Transport {
-	return &http.Transport{
-		DialContext: (&net.Dialer{
-			Timeout:   3 * time.Second,
-			KeepAlive: 30 * time.Second,
-		}).DialContext,
-		ForceAttemptHTTP2:   true,
-		MaxIdleConns:        0, // no limit overall; per host below
-		MaxIdleConnsPerHost: 1024,
-		// Below the 5 s keep-alive of uvicorn (vLLM, SGLang) and
-		// cpp-httplib (llama-server): a server that closes an idle
-		// connection just as the proxy reuses it fails that request, and a
-		// POST is not replayed.
-		IdleConnTimeout:     4 * time.Second,
-		TLSHandshakeTimeout: 10 * time.Second,
-		DisableCompression:  true,
-		ReadBufferSize:      8 << 10,
-		WriteBufferSize:     8 << 10,
-	}
 }
 
 // ServeHTTP routes r to its endpoint.

@@ -13,7 +13,11 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/upstream"
 )
+
+// These tests push streams through the proxy: the lean path's push
+// (internal/upstream) into the event copy (sse.go).
 
 // rawBackend answers every request on a connection with the bytes it was
 // given, written a piece at a time so that the proxy's reads split them
@@ -117,9 +121,6 @@ func TestPushedStreamSplitAnywhere(t *testing.T) {
 			rb := newRawBackend(t, splitBody, piece, false)
 			b0 := testBackend(t, 0, "b0", rb.url, "m")
 			p, px := newTestProxy(t, newFakeFleet(b0), newFirstPolicy(), func(c *Config) { c.NetConnIO = netConn })
-			if leanOf(t, p).raw == netConn {
-				t.Fatalf("raw %v with NetConnIO %v", leanOf(t, p).raw, netConn)
-			}
 			for range 2 {
 				res, body := post(t, px.URL, "/v1/chat/completions", streamBody)
 				if res.StatusCode != 200 || body != evHi+evThere+evDone {
@@ -133,7 +134,7 @@ func TestPushedStreamSplitAnywhere(t *testing.T) {
 			if n := rb.conns.Load(); n != 1 {
 				t.Errorf("%d connections to the backend, want 1", n)
 			}
-			if n := leanOf(t, p).idleCount(); n != 1 {
+			if n := leanOf(t, p).IdleConns(); n != 1 {
 				t.Errorf("%d idle connections pooled, want 1", n)
 			}
 		})
@@ -174,75 +175,10 @@ func TestPushedStreamBreaksOff(t *testing.T) {
 				t.Errorf("then %q, want the end marker", ev)
 			}
 			px.await(t)
-			if n := leanOf(t, p).idleCount(); n != 0 {
+			if n := leanOf(t, p).IdleConns(); n != 0 {
 				t.Errorf("%d idle connections pooled, want 0", n)
 			}
 		})
-	}
-}
-
-// recordSink keeps what is pushed to it, through a small buffer (16 bytes
-// unless size is set).
-type recordSink struct {
-	buf  [4096]byte
-	size int // of the buffer it offers: 16 unless set
-	got  []byte
-	reqs int
-	more bool // the last took's
-}
-
-func (s *recordSink) space() ([]byte, error) {
-	s.reqs++
-	if s.size == 0 {
-		return s.buf[:16], nil
-	}
-	return s.buf[:s.size], nil
-}
-
-func (s *recordSink) took(n int, more bool) error {
-	s.got = append(s.got, s.buf[:n]...)
-	s.more = more
-	return nil
-}
-
-// A lean chunked body pushes itself, bytes buffered with the headers first;
-// one already read from does not.
-func TestLeanBodyPush(t *testing.T) {
-	rb := newRawBackend(t, splitBody, 1000, false)
-	lt := newLeanTransport(NewTransport())
-	defer lt.CloseIdleConnections()
-	roundTrip := func() *http.Response {
-		req, _ := http.NewRequest(http.MethodPost, rb.url+"/v1/chat/completions", strings.NewReader(streamBody))
-		res, err := lt.RoundTrip(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res
-	}
-	res := roundTrip()
-	s := recordSink{size: 4096} // the whole body in one read
-	ok, err := res.Body.(pusher).push(&s)
-	if !ok || err != nil {
-		t.Fatalf("push: ok %v, err %v", ok, err)
-	}
-	if string(s.got) != evHi+evThere+evDone || res.Trailer.Get("X-Backend-Ttft") != "7" {
-		t.Fatalf("pushed %q, trailers %v", s.got, res.Trailer)
-	}
-	if !s.more {
-		// The response's end follows at once: a flush of the last bytes
-		// would be a write of their own.
-		t.Error("the body's last bytes were pushed without more, as if a flush were due")
-	}
-	if n := lt.idleCount(); n != 1 {
-		t.Errorf("%d idle connections after a pushed body, want 1", n)
-	}
-	res = roundTrip()
-	defer res.Body.Close()
-	if _, err := res.Body.Read(make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
-	if ok, _ := res.Body.(pusher).push(&s); ok {
-		t.Error("a body already read from pushed itself")
 	}
 }
 
@@ -253,18 +189,18 @@ type piecePusher struct {
 	more   []bool
 }
 
-var _ pusher = (*piecePusher)(nil)
+var _ upstream.Pusher = (*piecePusher)(nil)
 
-func (pp *piecePusher) push(s byteSink) (bool, error) {
+func (pp *piecePusher) Push(s upstream.Sink) (bool, error) {
 	for i, piece := range pp.pieces {
 		for piece != "" {
-			p, err := s.space()
+			p, err := s.Space()
 			if err != nil {
 				return true, err
 			}
 			k := copy(p, piece)
 			piece = piece[k:]
-			if err := s.took(k, pp.more[i] || piece != ""); err != nil {
+			if err := s.Took(k, pp.more[i] || piece != ""); err != nil {
 				return true, err
 			}
 		}

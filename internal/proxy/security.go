@@ -209,10 +209,10 @@ func estimateTokens(req *router.Request) int {
 	return prompt + max(req.MaxTokens, 0)
 }
 
-// upstream edits the request to backend b: the client's credentials are
+// withCredentials edits the request to backend b: the client's credentials are
 // removed unless forwarding them is configured, and the backend's own key
 // is set. Called where the upstream request is built.
-func (p *Proxy) upstream(out *http.Request, b *fleet.Backend) *http.Request {
+func (p *Proxy) withCredentials(out *http.Request, b *fleet.Backend) *http.Request {
 	if !p.sec.forwardAuth {
 		out.Header.Del("Authorization")
 		out.Header.Del("Cookie")

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/kvroute/kvroute/internal/jsonscan"
+	"github.com/kvroute/kvroute/internal/upstream"
 )
 
 // usage is a response's token accounting; -1 where the response did not say.
@@ -276,8 +277,8 @@ func (ec *eventCopier) copy(w http.ResponseWriter, src io.Reader, sc *eventScann
 	defer streamBufs.Put(bp) // a grown buffer is left to the GC
 	*ec = eventCopier{w: w, rc: rc, sc: sc, onFirst: onFirst, buf: *bp}
 	defer func() { ec.buf = nil }() // the buffer goes back to the pool
-	if p, ok := src.(pusher); ok {
-		if pushed, err := p.push(ec); pushed {
+	if p, ok := src.(upstream.Pusher); ok {
+		if pushed, err := p.Push(ec); pushed {
 			return ec.endPush(err)
 		}
 	}
@@ -323,12 +324,12 @@ type eventCopier struct {
 	werr      error
 }
 
-var _ byteSink = (*eventCopier)(nil)
+var _ upstream.Sink = (*eventCopier)(nil)
 
-// space makes room as read does, and also moves a partial event to the
+// Space makes room as read does, and also moves a partial event to the
 // front when less than a quarter of the buffer is free, so that a read is
 // not cut short by the buffer's end.
-func (ec *eventCopier) space() ([]byte, error) {
+func (ec *eventCopier) Space() ([]byte, error) {
 	if ec.head > 0 && len(ec.buf)-ec.tail < len(ec.buf)/4 {
 		ec.compact()
 	}
@@ -338,9 +339,9 @@ func (ec *eventCopier) space() ([]byte, error) {
 	return ec.buf[ec.tail:], nil
 }
 
-// took forwards the complete events among the n bytes pushed, and flushes
+// Took forwards the complete events among the n bytes pushed, and flushes
 // them unless more are waiting: those go out in the same flush.
-func (ec *eventCopier) took(n int, more bool) error {
+func (ec *eventCopier) Took(n int, more bool) error {
 	ec.tail += n
 	wrote, err := ec.forward()
 	if err == nil {

@@ -1,6 +1,6 @@
 //go:build unix
 
-package proxy
+package upstream
 
 import (
 	"io"
@@ -11,7 +11,7 @@ import (
 const canPushSocket = true
 
 // pushSocket reads the rest of the body off the socket.
-func (b *leanBody) pushSocket(raw syscall.RawConn, d *chunkDecoder, s byteSink) error {
+func (b *leanBody) pushSocket(raw syscall.RawConn, d *chunkDecoder, s Sink) error {
 	c := b.c
 	// The callback is the connection's, made once: a closure made here
 	// would be an allocation for every stream. Its state is the body's.
@@ -39,7 +39,7 @@ func (b *leanBody) pushFD(fd uintptr) bool {
 		c.inq = enableInq(fd)
 	}
 	for {
-		p, err := s.space()
+		p, err := s.Space()
 		if err != nil {
 			b.pushErr = err
 			return true

@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -58,8 +58,7 @@ func TestPushSeesCloseBehindLastBytes(t *testing.T) {
 			served := make(chan error, 1)
 			go func() { served <- serveThenClose(ln, tt.withHead, first, tail, tt.tail) }()
 
-			lt := newLeanTransport(NewTransport())
-			lt.raw = tt.raw
+			lt := NewLean(NewTransport(), tt.raw)
 			defer lt.CloseIdleConnections()
 			// The test's own bound on a hang: ends the request, and with it the
 			// push, if the push does not end by itself.
@@ -84,7 +83,7 @@ func TestPushSeesCloseBehindLastBytes(t *testing.T) {
 				}
 				waitPeerClosed(t, fd)
 			}}
-			ok, err := body.push(s)
+			ok, err := body.Push(s)
 			if !ok {
 				t.Fatal("the body did not push itself")
 			}
@@ -137,9 +136,9 @@ type holdSink struct {
 	hold func()
 }
 
-func (s *holdSink) space() ([]byte, error) { return s.buf[:], nil }
+func (s *holdSink) Space() ([]byte, error) { return s.buf[:], nil }
 
-func (s *holdSink) took(n int, more bool) error {
+func (s *holdSink) Took(n int, more bool) error {
 	s.got = append(s.got, s.buf[:n]...)
 	if s.hold != nil && string(s.got) == s.at {
 		s.hold()
@@ -208,7 +207,7 @@ func TestReadFDWaiting(t *testing.T) {
 	}
 	defer peer.Close()
 	fd := connFD(t, client)
-	b := &leanBody{t: &leanTransport{raw: true}, c: &leanConn{nc: client}}
+	b := &leanBody{t: &Lean{raw: true}, c: &leanConn{nc: client}}
 	if b.c.inq = enableInq(fd); b.c.inq != inqOn {
 		t.Skip("no TCP_INQ in this kernel")
 	}

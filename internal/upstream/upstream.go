@@ -1,4 +1,10 @@
-package proxy
+// Package upstream carries the proxy's requests to the backends: the
+// tuned net/http Transport (NewTransport), and in front of it a lean
+// HTTP/1.1 path for plain-http backends (Lean) that makes no goroutine
+// switch per request and pushes a streamed body off its socket to a Sink
+// (push.go). It also builds the request to a backend from the client's
+// (NewRequest), in the shape the lean path writes without allocating.
+package upstream
 
 import (
 	"bufio"
@@ -7,10 +13,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptrace"
-	"net/textproto"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,7 +23,36 @@ import (
 	"github.com/kvroute/kvroute/internal/rawsock"
 )
 
-// leanTransport carries plain-http HTTP/1.1 requests to the backends in the
+// NewTransport returns the default transport to the backends: idle
+// connections kept for many concurrent streams to few hosts, a short dial
+// timeout (a refused or unroutable backend is retried elsewhere), no
+// response-header timeout (a non-streaming generation sends its headers
+// only when it is done), no proxy from the environment (backends are
+// internal), no compression (the proxy reads usage from the bodies, and
+// LLM traffic is small next to its compute), and idle connections dropped
+// before the backends drop them (below).
+func NewTransport() *http.Transport {
+	return &http.Transport{
+		DialContext: (&net.Dialer{
+			Timeout:   3 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		ForceAttemptHTTP2:   true,
+		MaxIdleConns:        0, // no limit overall; per host below
+		MaxIdleConnsPerHost: 1024,
+		// Below the 5 s keep-alive of uvicorn (vLLM, SGLang) and
+		// cpp-httplib (llama-server): a server that closes an idle
+		// connection just as the proxy reuses it fails that request, and a
+		// POST is not replayed.
+		IdleConnTimeout:     4 * time.Second,
+		TLSHandshakeTimeout: 10 * time.Second,
+		DisableCompression:  true,
+		ReadBufferSize:      8 << 10,
+		WriteBufferSize:     8 << 10,
+	}
+}
+
+// Lean carries plain-http HTTP/1.1 requests to the backends in the
 // goroutine that makes them: it writes the request, reads the response's
 // headers and then its body on that goroutine, from a connection of its own
 // small keep-alive pool. net/http's Transport hands every request to a
@@ -37,7 +68,7 @@ import (
 // closed before (the client went away, a timeout, a retried status) closes
 // it, and so does the request's context ending at any time, which also
 // unblocks a read or write under way. Safe for concurrent use.
-type leanTransport struct {
+type Lean struct {
 	std            *http.Transport
 	dial           func(ctx context.Context, network, addr string) (net.Conn, error)
 	idleFor        time.Duration
@@ -78,27 +109,30 @@ type leanConn struct {
 	pushing *leanBody
 }
 
-// newLeanTransport returns the lean path in front of std, or nil when std is
-// set up in a way it does not follow (a proxy, connection caps, a header
-// timeout, compression, no keep-alives): then std carries everything.
-func newLeanTransport(std *http.Transport) *leanTransport {
+// NewLean returns the lean path in front of std, or nil when std is set up
+// in a way it does not follow (a proxy, connection caps, a header timeout,
+// compression, no keep-alives): then std carries everything. raw reads and
+// writes its connections with raw system calls (internal/rawsock), not
+// through net.Conn.
+func NewLean(std *http.Transport, raw bool) *Lean {
 	if std.Proxy != nil || std.MaxConnsPerHost > 0 || std.ResponseHeaderTimeout > 0 || !std.DisableCompression ||
 		std.DisableKeepAlives || std.DialTLSContext != nil || std.Dial != nil {
 		return nil
 	}
-	t := &leanTransport{
+	t := &Lean{
 		std:     std,
 		dial:    std.DialContext,
 		idleFor: std.IdleConnTimeout,
 		maxIdle: std.MaxIdleConnsPerHost,
 		rbytes:  std.ReadBufferSize,
 		wbytes:  std.WriteBufferSize,
+		raw:     raw,
 		idle:    map[string][]*leanConn{},
 	}
 	if t.dial == nil {
 		t.dial = (&net.Dialer{}).DialContext
 	}
-	t.countOn(newUpstreamCounter()) // unregistered until the proxy's metrics are
+	t.CountOn(NewConnCounter()) // unregistered until the caller's metrics are
 	if t.maxIdle <= 0 {
 		t.maxIdle = http.DefaultMaxIdleConnsPerHost
 	}
@@ -111,22 +145,24 @@ func newLeanTransport(std *http.Transport) *leanTransport {
 	return t
 }
 
-// newUpstreamCounter is kvroute_upstream_connections_total.
-func newUpstreamCounter() *prometheus.CounterVec {
+// NewConnCounter returns kvroute_upstream_connections_total, for the
+// caller to register and pass to CountOn.
+func NewConnCounter() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvroute_upstream_connections_total",
 		Help: `Connections of the lean path to the backends (--stdlib-upstream off), by event: "dialed", "reused" (from the keep-alive pool), "resent" (a pooled connection the backend had closed; the request went again on a new one), "closed_early" (closed before the response's end: the client went away, a timeout, a retried status).`},
 		[]string{"event"})
 }
 
-// countOn counts the connections' events on v.
-func (t *leanTransport) countOn(v *prometheus.CounterVec) {
+// CountOn counts the connections' events on v, a NewConnCounter. Call it
+// before the first request.
+func (t *Lean) CountOn(v *prometheus.CounterVec) {
 	t.dialed, t.reused = v.WithLabelValues("dialed"), v.WithLabelValues("reused")
 	t.resent, t.cut = v.WithLabelValues("resent"), v.WithLabelValues("closed_early")
 }
 
 // RoundTrip sends req and returns the response, whose body must be read to
 // its end or closed.
-func (t *leanTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+func (t *Lean) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "http" || req.Method == http.MethodConnect || req.URL.Host == "" {
 		return t.std.RoundTrip(req)
 	}
@@ -164,7 +200,7 @@ var errIdleClosed = errors.New("the backend closed the connection before answeri
 
 // exchange writes req on c and reads the response's headers. The response's
 // body owns c from then on; on an error c is closed.
-func (t *leanTransport) exchange(c *leanConn, req *http.Request) (*http.Response, error) {
+func (t *Lean) exchange(c *leanConn, req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	stop := context.AfterFunc(ctx, c.close)
 	fail := func(err error) (*http.Response, error) {
@@ -211,7 +247,7 @@ func isConnClosed(err error) bool {
 
 // leanBody is a response's body on a lean connection.
 type leanBody struct {
-	t    *leanTransport
+	t    *Lean
 	c    *leanConn // nil once released
 	res  *http.Response
 	body io.Reader
@@ -224,7 +260,7 @@ type leanBody struct {
 	// push's decoder, and its socket callback's state (push_unix.go).
 	dec     chunkDecoder
 	pushDec *chunkDecoder
-	sink    byteSink
+	sink    Sink
 	pushErr error
 }
 
@@ -272,7 +308,7 @@ func (b *leanBody) release(complete bool) {
 }
 
 // conn returns an idle connection to key, or dials one.
-func (t *leanTransport) conn(ctx context.Context, key string) (*leanConn, error) {
+func (t *Lean) conn(ctx context.Context, key string) (*leanConn, error) {
 	if c := t.get(key); c != nil {
 		t.reused.Inc()
 		return c, nil
@@ -326,7 +362,7 @@ func (c *leanConn) discard() {
 
 // get takes the most recently used idle connection to key that has not
 // expired: the one least likely to have been closed by the backend.
-func (t *leanTransport) get(key string) *leanConn {
+func (t *Lean) get(key string) *leanConn {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	conns := t.idle[key]
@@ -345,7 +381,7 @@ func (t *leanTransport) get(key string) *leanConn {
 }
 
 // put pools c, unless key has its fill of idle connections.
-func (t *leanTransport) put(c *leanConn) {
+func (t *Lean) put(c *leanConn) {
 	c.reused = true
 	c.idleSince = time.Now()
 	t.mu.Lock()
@@ -363,7 +399,7 @@ func (t *leanTransport) put(c *leanConn) {
 
 // sweep closes the idle connections past the idle timeout and, while some
 // are left, runs again when the oldest of them expires.
-func (t *leanTransport) sweep() {
+func (t *Lean) sweep() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := time.Now()
@@ -391,8 +427,19 @@ func (t *leanTransport) sweep() {
 	time.AfterFunc(next, t.sweep)
 }
 
+// IdleConns returns how many connections the pool holds idle now.
+func (t *Lean) IdleConns() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, cs := range t.idle {
+		n += len(cs)
+	}
+	return n
+}
+
 // CloseIdleConnections closes the idle connections of both paths.
-func (t *leanTransport) CloseIdleConnections() {
+func (t *Lean) CloseIdleConnections() {
 	t.mu.Lock()
 	for key, conns := range t.idle {
 		for _, c := range conns {
@@ -410,117 +457,4 @@ func hostPort(host string) string {
 		return host
 	}
 	return net.JoinHostPort(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), "80")
-}
-
-// writeRequest writes req to w as req.Write does, byte for byte, for the
-// requests the proxy makes (upstreamRequest: a body in memory, no trailers,
-// no tracing hooks, a plain host); others it hands to req.Write. req.Write
-// formats the request line and the Host and User-Agent lines with fmt,
-// and sends the body through a transfer writer and a LimitReader: six
-// allocations a request, where this makes none.
-func writeRequest(w *bufio.Writer, req *http.Request) error {
-	body, ok := req.Body.(*upstreamBody)
-	if !ok || int64(body.Len()) != req.ContentLength || req.ContentLength <= 0 || req.Close ||
-		len(req.TransferEncoding) > 0 || req.Trailer != nil || req.Host != "" || req.URL.Opaque != "" ||
-		req.Method == "" || req.Method == http.MethodConnect || !plainHost(req.URL.Host) ||
-		httptrace.ContextClientTrace(req.Context()) != nil || !plainValues(req.Header) {
-		return req.Write(w)
-	}
-	ruri := req.URL.RequestURI()
-	if strings.ContainsFunc(ruri, isCTL) {
-		return req.Write(w) // which refuses it
-	}
-	defer req.Body.Close()
-	w.WriteString(req.Method)
-	w.WriteByte(' ')
-	w.WriteString(ruri)
-	w.WriteString(" HTTP/1.1\r\nHost: ")
-	w.WriteString(req.URL.Host)
-	w.WriteString("\r\n")
-	ua := "Go-http-client/1.1" // net/http's default, unless the header says otherwise
-	if vv, ok := req.Header["User-Agent"]; ok {
-		ua = ""
-		if len(vv) > 0 {
-			ua = textproto.TrimString(vv[0])
-		}
-	}
-	if ua != "" {
-		w.WriteString("User-Agent: ")
-		w.WriteString(ua)
-		w.WriteString("\r\n")
-	}
-	w.WriteString("Content-Length: ")
-	w.Write(strconv.AppendInt(w.AvailableBuffer(), req.ContentLength, 10))
-	w.WriteString("\r\n")
-	// In the order of the keys, as net/http writes them.
-	var room [32]string
-	keys := room[:0]
-	for k := range req.Header {
-		switch k {
-		case "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer":
-			continue
-		}
-		if validFieldName(k) { // net/http leaves invalid ones out
-			keys = append(keys, k)
-		}
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		for _, v := range req.Header[k] {
-			w.WriteString(k)
-			w.WriteString(": ")
-			w.WriteString(textproto.TrimString(v))
-			w.WriteString("\r\n")
-		}
-	}
-	w.WriteString("\r\n")
-	_, err := body.WriteTo(w)
-	return err
-}
-
-// plainHost reports whether host is written as it is by req.Write: ASCII
-// letters, digits, dots, dashes, colons and an IPv6 address's brackets, no
-// zone.
-func plainHost(host string) bool {
-	for i := range len(host) {
-		switch c := host[i]; {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
-			c == '.', c == '-', c == ':', c == '[', c == ']':
-		default:
-			return false
-		}
-	}
-	return host != ""
-}
-
-// plainValues reports whether no header value has a line break, which
-// req.Write would replace.
-func plainValues(h http.Header) bool {
-	for _, vv := range h {
-		for _, v := range vv {
-			if strings.ContainsAny(v, "\r\n") {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-func isCTL(r rune) bool { return r < ' ' || r == 0x7f }
-
-// validFieldName reports whether k is an HTTP token (RFC 9110 5.1).
-func validFieldName(k string) bool {
-	if k == "" {
-		return false
-	}
-	for i := range len(k) {
-		c := k[i]
-		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' {
-			continue
-		}
-		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
-			return false
-		}
-	}
-	return true
 }

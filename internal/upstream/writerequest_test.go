@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -56,7 +56,7 @@ func TestWriteRequestAsNetHTTP(t *testing.T) {
 			}
 			in := httptest.NewRequest(method, tt.target, nil)
 			in.Header = tt.header
-			build := func() *http.Request { return upstreamRequest(context.Background(), in, be, tt.body) }
+			build := func() *http.Request { return NewRequest(context.Background(), in, be.URL, tt.body) }
 			var want, got bytes.Buffer
 			if err := build().Write(&want); err != nil {
 				t.Fatal(err)
@@ -80,9 +80,9 @@ func TestWriteRequestAllocatesNothing(t *testing.T) {
 	in := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 	in.Header = http.Header{"Content-Type": {"application/json"}, "X-Session-Id": {"u-7"}}
 	body := []byte(strings.Repeat("x", 600))
-	req := upstreamRequest(context.Background(), in, be, body)
+	req := NewRequest(context.Background(), in, be.URL, body)
 	w := bufio.NewWriterSize(new(discardWriter), 8<<10)
-	ub := req.Body.(*upstreamBody)
+	ub := req.Body.(*Body)
 	if n := testing.AllocsPerRun(100, func() {
 		ub.Reset(body)
 		if err := writeRequest(w, req); err != nil {

@@ -1,7 +1,6 @@
-package proxy
+package upstream
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"net"
@@ -63,6 +62,9 @@ func (s *connServer) awaitClosed(t *testing.T, addr string) {
 	}
 }
 
+// streamBody is a streamed chat request.
+const streamBody = `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}`
+
 // streamEvents streams n content events and the end marker.
 func streamEvents(n int) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -73,147 +75,6 @@ func streamEvents(n int) http.HandlerFunc {
 			_ = http.NewResponseController(w).Flush()
 		}
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
-	}
-}
-
-func leanOf(t *testing.T, p *Proxy) *leanTransport {
-	t.Helper()
-	lt, ok := p.transport.(*leanTransport)
-	if !ok {
-		t.Fatalf("the proxy's transport is %T, not the lean path", p.transport)
-	}
-	return lt
-}
-
-func (t *leanTransport) idleCount() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n := 0
-	for _, cs := range t.idle {
-		n += len(cs)
-	}
-	return n
-}
-
-// Streams read to their end leave their connection to the next request, on
-// the lean path as through net/http's transport.
-func TestUpstreamReusesConnectionAfterCompleteStream(t *testing.T) {
-	for _, stdlib := range []bool{false, true} {
-		name := map[bool]string{false: "lean", true: "stdlib"}[stdlib]
-		t.Run(name, func(t *testing.T) {
-			be := newConnServer(t, streamEvents(3))
-			b0 := testBackend(t, 0, "b0", be.URL, "m")
-			p, px := newTestProxy(t, newFakeFleet(b0), newFirstPolicy(), func(c *Config) { c.StdlibUpstream = stdlib })
-			for range 3 {
-				res, body := post(t, px.URL, "/v1/chat/completions", streamBody)
-				if res.StatusCode != 200 || strings.Count(body, "data: ") != 4 {
-					t.Fatalf("status %d, body %q", res.StatusCode, body)
-				}
-				px.await(t)
-			}
-			addrs := be.remoteAddrs()
-			if addrs[0] != addrs[1] || addrs[1] != addrs[2] {
-				t.Errorf("the backend saw the requests from %v: want one connection", addrs)
-			}
-			if _, isLean := p.transport.(*leanTransport); isLean == stdlib {
-				t.Errorf("transport %T with StdlibUpstream %v", p.transport, stdlib)
-			}
-			if !stdlib {
-				if n := leanOf(t, p).idleCount(); n != 1 {
-					t.Errorf("%d idle connections pooled, want 1", n)
-				}
-				for event, want := range map[string]float64{"dialed": 1, "reused": 2, "closed_early": 0} {
-					if got := counterValue(t, p, "kvroute_upstream_connections_total", "event", event); got != want {
-						t.Errorf("upstream_connections_total{event=%s} = %v, want %v", event, got, want)
-					}
-				}
-			}
-		})
-	}
-}
-
-// A client that goes away mid-stream ends the upstream request: its
-// connection is closed, not pooled half-read, and the next request dials
-// anew.
-func TestUpstreamClientCancelClosesConnection(t *testing.T) {
-	release := make(chan struct{})
-	var calls sync.WaitGroup
-	calls.Add(1)
-	be := newConnServer(t, func(w http.ResponseWriter, r *http.Request) {
-		if strings.Contains(r.Header.Get("X-Test"), "second") {
-			streamEvents(1)(w, r)
-			return
-		}
-		defer calls.Done()
-		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(w, `data: {"choices":[{"delta":{"content":"Hi"}}]}`+"\n\n")
-		_ = http.NewResponseController(w).Flush()
-		select {
-		case <-r.Context().Done():
-		case <-release:
-		}
-	})
-	defer close(release)
-	b0 := testBackend(t, 0, "b0", be.URL, "m")
-	p, px := newTestProxy(t, newFakeFleet(b0), newFirstPolicy(), nil)
-	lt := leanOf(t, p)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, px.URL+"/v1/chat/completions", strings.NewReader(streamBody))
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	event(t, bufio.NewReader(res.Body))
-	cancel()
-	res.Body.Close()
-	be.awaitClosed(t, be.remoteAddrs()[0])
-	px.await(t)
-	calls.Wait()
-	if n := lt.idleCount(); n != 0 {
-		t.Errorf("%d idle connections pooled after a cancelled stream, want 0", n)
-	}
-	if got := counterValue(t, p, "kvroute_upstream_connections_total", "event", "closed_early"); got != 1 {
-		t.Errorf("upstream_connections_total{event=closed_early} = %v, want 1", got)
-	}
-
-	res, body := post(t, px.URL, "/v1/chat/completions", streamBody, "X-Test", "second")
-	if res.StatusCode != 200 || !strings.Contains(body, "[DONE]") {
-		t.Fatalf("status %d, body %q", res.StatusCode, body)
-	}
-	if addrs := be.remoteAddrs(); addrs[0] == addrs[1] {
-		t.Errorf("the second request went on the cancelled stream's connection %s", addrs[0])
-	}
-}
-
-// A pooled connection the backend closed while idle fails before its first
-// byte; the request goes again on a new connection and the client sees
-// nothing of it.
-func TestUpstreamRetriesConnectionClosedWhileIdle(t *testing.T) {
-	be := newConnServer(t, streamEvents(2))
-	b0 := testBackend(t, 0, "b0", be.URL, "m")
-	p, px := newTestProxy(t, newFakeFleet(b0), newFirstPolicy(), nil)
-	lt := leanOf(t, p)
-	if res, _ := post(t, px.URL, "/v1/chat/completions", streamBody); res.StatusCode != 200 {
-		t.Fatalf("status %d", res.StatusCode)
-	}
-	px.await(t)
-	first := be.remoteAddrs()[0]
-	if lt.idleCount() != 1 {
-		t.Fatalf("%d idle connections, want 1", lt.idleCount())
-	}
-	be.CloseClientConnections()
-	be.awaitClosed(t, first)
-
-	res, body := post(t, px.URL, "/v1/chat/completions", streamBody)
-	if res.StatusCode != 200 || strings.Count(body, "data: ") != 3 {
-		t.Fatalf("status %d, body %q", res.StatusCode, body)
-	}
-	if got := counterValue(t, p, "kvroute_requests_total", "backend", "b0", "status", "200"); got != 2 {
-		t.Errorf("requests_total{status=200} = %v, want 2", got)
-	}
-	if got := counterValue(t, p, "kvroute_upstream_connections_total", "event", "resent"); got != 1 {
-		t.Errorf("upstream_connections_total{event=resent} = %v, want 1", got)
 	}
 }
 
@@ -245,7 +106,7 @@ func TestLeanBodyRelease(t *testing.T) {
 				streamEvents(1)(w, r)
 				<-r.Context().Done()
 			})
-			lt := newLeanTransport(NewTransport())
+			lt := NewLean(NewTransport(), false)
 			defer lt.CloseIdleConnections()
 			req, _ := http.NewRequest(http.MethodPost, be.URL+"/v1/chat/completions", strings.NewReader(streamBody))
 			res, err := lt.RoundTrip(req)
@@ -261,7 +122,7 @@ func TestLeanBodyRelease(t *testing.T) {
 				t.Fatal(err)
 			}
 			res.Body.Close()
-			if n := lt.idleCount(); n != tt.wantIdle {
+			if n := lt.IdleConns(); n != tt.wantIdle {
 				t.Errorf("%d idle connections, want %d", n, tt.wantIdle)
 			}
 			if tt.wantIdle == 0 {
@@ -275,7 +136,7 @@ func TestLeanBodyRelease(t *testing.T) {
 // the others.
 func TestLeanSweepClosesExpired(t *testing.T) {
 	be := newConnServer(t, streamEvents(1))
-	lt := newLeanTransport(NewTransport())
+	lt := NewLean(NewTransport(), false)
 	defer lt.CloseIdleConnections()
 	var conns []*leanConn
 	for range 2 {
@@ -291,7 +152,7 @@ func TestLeanSweepClosesExpired(t *testing.T) {
 	conns[0].idleSince = time.Now().Add(-2 * lt.idleFor) // the oldest
 	local := conns[0].nc.LocalAddr().String()
 	lt.sweep()
-	if n := lt.idleCount(); n != 1 {
+	if n := lt.IdleConns(); n != 1 {
 		t.Fatalf("%d idle connections after the sweep, want 1", n)
 	}
 	if got := lt.get(conns[1].key); got != conns[1] {
@@ -320,11 +181,11 @@ func TestLeanOnlyForPlainTransports(t *testing.T) {
 	capped := NewTransport()
 	capped.MaxConnsPerHost = 10
 	for name, tr := range map[string]*http.Transport{"proxy": withProxy, "capped": capped} {
-		if newLeanTransport(tr) != nil {
+		if NewLean(tr, false) != nil {
 			t.Errorf("%s: lean path over a transport it does not follow", name)
 		}
 	}
-	if newLeanTransport(NewTransport()) == nil {
+	if NewLean(NewTransport(), false) == nil {
 		t.Error("no lean path over the default transport")
 	}
 }
@@ -335,7 +196,7 @@ func TestLeanResendsOnIdleClosed(t *testing.T) {
 	for _, method := range []string{http.MethodGet, http.MethodPost} {
 		t.Run(method, func(t *testing.T) {
 			be := newConnServer(t, streamEvents(1))
-			lt := newLeanTransport(NewTransport())
+			lt := NewLean(NewTransport(), false)
 			defer lt.CloseIdleConnections()
 			roundTrip := func() {
 				t.Helper()

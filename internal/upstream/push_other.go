@@ -1,6 +1,6 @@
 //go:build !unix
 
-package proxy
+package upstream
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 // canPushSocket: elsewhere a stream is read, not pushed.
 const canPushSocket = false
 
-func (b *leanBody) pushSocket(syscall.RawConn, *chunkDecoder, byteSink) error {
+func (b *leanBody) pushSocket(syscall.RawConn, *chunkDecoder, Sink) error {
 	return errors.ErrUnsupported
 }
 
