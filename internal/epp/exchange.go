@@ -372,25 +372,17 @@ func (x *exchange) abandon() {
 	x.done()
 }
 
-// report tells the fleet how the attempt went, for outlier ejection, as
-// the proxy does; a stream cut without a status says nothing about the
-// endpoint (the client may have left).
+// report tells the fleet how the attempt went, for outlier ejection,
+// classified as the proxy classifies its answers (fleet.ResultOf); a stream
+// cut without a status says nothing about the endpoint (the client may have
+// left).
 func (p *Picker) report(t *router.Ticket, o router.Outcome, complete, timed bool) {
-	b := t.Backend
-	switch {
-	case o.Status == 0:
-	case o.Status == http.StatusTooManyRequests:
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultOverloaded})
-	case o.Status == http.StatusBadGateway, o.Status == http.StatusServiceUnavailable, o.Status == http.StatusGatewayTimeout:
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultGatewayError})
-	case o.Status >= 500:
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultServerError})
-	case complete && o.Status/100 == 2:
-		r := fleet.Result{Kind: fleet.ResultSuccess}
-		if timed {
-			r.TTFT, r.Predicted = o.TTFT, t.PredictedTTFT
-		}
-		p.fleet.Report(b, r)
+	var ttft, predicted time.Duration
+	if timed {
+		ttft, predicted = o.TTFT, t.PredictedTTFT
+	}
+	if r, ok := fleet.ResultOf(o.Status, complete, ttft, predicted); ok {
+		p.fleet.Report(t.Backend, r)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/upstream"
 )
@@ -253,5 +254,30 @@ func (p *Proxy) retried(c *call) {
 	if c.retrying {
 		c.retrying = false
 		p.budget.retrying.Add(-1)
+	}
+}
+
+// report tells the fleet how the attempt went, for outlier ejection and
+// backoff: a client that left says nothing of the backend; a timeout or a
+// gateway error is the proxy's own finding; an answer is classified by
+// fleet.ResultOf, as the endpoint picker classifies its own.
+func (a *attempt) report() {
+	p, b, o := a.p, a.t.Backend, &a.out
+	switch {
+	case a.status == statusClientClosed:
+		return
+	case a.fail == "timeout":
+		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultTimeout})
+		return
+	case a.fail != "":
+		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultGatewayError})
+		return
+	}
+	var ttft, predicted time.Duration
+	if a.c.stream && a.first {
+		ttft, predicted = o.TTFT, a.t.PredictedTTFT
+	}
+	if r, ok := fleet.ResultOf(o.Status, a.complete, ttft, predicted); ok {
+		p.fleet.Report(b, r)
 	}
 }

@@ -159,28 +159,3 @@ const waitRetry = "1"
 // backoffFor is how long a backend that answered 429 without a Retry-After
 // is avoided.
 const backoffFor = time.Second
-
-// report tells the fleet how an attempt went, for outlier ejection and
-// backoff.
-func (a *attempt) report() {
-	p, b, o := a.p, a.t.Backend, &a.out
-	switch {
-	case a.status == statusClientClosed:
-	case a.fail == "timeout":
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultTimeout})
-	case a.fail != "":
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultGatewayError})
-	case o.Status == http.StatusTooManyRequests:
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultOverloaded})
-	case o.Status == http.StatusBadGateway, o.Status == http.StatusServiceUnavailable, o.Status == http.StatusGatewayTimeout:
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultGatewayError})
-	case o.Status >= 500:
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultServerError})
-	case a.complete && o.Status/100 == 2:
-		r := fleet.Result{Kind: fleet.ResultSuccess}
-		if a.c.stream && a.first {
-			r.TTFT, r.Predicted = o.TTFT, a.t.PredictedTTFT
-		}
-		p.fleet.Report(b, r)
-	}
-}
