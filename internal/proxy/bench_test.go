@@ -12,12 +12,6 @@ import (
 	"github.com/kvroute/kvroute/internal/router"
 )
 
-// sink keeps results alive so the compiler cannot drop the work.
-var (
-	sink    any
-	intSink int
-)
-
 const benchReply = `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m",` +
 	`"choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],` +
 	`"usage":{"prompt_tokens":21,"completion_tokens":9,"total_tokens":30,"prompt_tokens_details":{"cached_tokens":16}}}`
@@ -102,22 +96,6 @@ func newBenchProxy(b *testing.B, backend string) (*Proxy, *httptest.Server) {
 		b.Fatal(err)
 	}
 	return p, httptest.NewServer(p)
-}
-
-// BenchmarkInspect is the scan of one streamed chunk.
-func BenchmarkInspect(b *testing.B) {
-	ev := []byte(`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n")
-	for _, hide := range []bool{false, true} {
-		b.Run("hide="+strconv.FormatBool(hide), func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(ev)))
-			s := eventScanner{hideUsage: hide}
-			for b.Loop() {
-				_, from, to := s.inspect(ev)
-				intSink = from + to
-			}
-		})
-	}
 }
 
 // firstOnly picks the first candidate and records nothing: the cheapest

@@ -9,9 +9,10 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/sse"
 	"github.com/kvroute/kvroute/internal/upstream"
 )
 
@@ -31,8 +32,8 @@ type attempt struct {
 	// on its own.
 	dog  watchdog
 	hw   heldWriter
-	sc   eventScanner
-	ec   eventCopier
+	sc   sse.Scanner
+	ec   sse.Copier
 	body idleReader
 	sink idleSink
 	// first is set at the first token; complete when the response was
@@ -125,12 +126,12 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	a.body = idleReader{r: res.Body, a: a}
 	body := &a.body
 	if stream {
-		a.sc = eventScanner{hideUsage: c.hideUsage}
+		a.sc = sse.Scanner{HideUsage: c.hideUsage}
 		sc := &a.sc
-		readErr, writeErr = a.ec.copy(hw, body, sc, a)
-		a.out.Tokens, a.out.ResponseID = sc.tokens, sc.responseID
-		if sc.sawUsage {
-			a.setUsage(sc.usage)
+		readErr, writeErr = a.ec.Copy(hw, body, sc, a)
+		a.out.Tokens, a.out.ResponseID = sc.Tokens, sc.ResponseID
+		if sc.SawUsage {
+			a.setUsage(sc.Usage)
 		}
 	} else {
 		readErr, writeErr = a.copyBody(hw, res, body)
@@ -156,7 +157,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 // and how many trailers were announced.
 func responseHeaders(res *http.Response) (stream bool, announced int) {
 	upstream.RemoveHopHeaders(res.Header)
-	stream = isEventStream(res.Header.Get("Content-Type"))
+	stream = sse.IsEventStream(res.Header.Get("Content-Type"))
 	if stream {
 		res.Header.Del("Content-Length")
 	}

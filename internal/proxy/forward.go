@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/sse"
 )
 
 // reasonLeastRequest is the route of requests the proxy routes by load.
@@ -94,9 +94,9 @@ func (l byLoad) Pick(_ *router.Request, cands []*fleet.Backend) (router.Decision
 	return router.Decision{Backend: b, Reason: reasonLeastRequest}, nil
 }
 
-// firstToken marks the first content of the response: the backend is done
+// FirstToken marks the first content of the response: the backend is done
 // with the prefill.
-func (a *attempt) firstToken() {
+func (a *attempt) FirstToken() {
 	if a.first {
 		return
 	}
@@ -106,8 +106,8 @@ func (a *attempt) firstToken() {
 	a.wd.idle(a.p.res.StreamIdleTimeout)
 }
 
-func (a *attempt) setUsage(u usage) {
-	a.out.PromptTokens, a.out.CachedTokens, a.out.CompletionTokens = u.prompt, u.cached, u.completion
+func (a *attempt) setUsage(u sse.Usage) {
+	a.out.PromptTokens, a.out.CachedTokens, a.out.CompletionTokens = u.Prompt, u.Cached, u.Completion
 }
 
 // finish releases the attempt's load and records its outcome: metrics, the
@@ -164,13 +164,16 @@ const (
 
 var captures = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
+// bodyBufs are the copy buffers of bodies that are not event streams.
+var bodyBufs = sync.Pool{New: func() any { b := make([]byte, 8<<10); return &b }}
+
 // copyBody copies a response that is not an event stream, as it arrives
 // (flushing after every write when its length is unknown, as a stream of
 // another kind may be). For a successful chat or completion response it
 // keeps a copy of the body and reads the usage from it at the end.
 func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response, body io.Reader) (readErr, writeErr error) {
-	bp := streamBufs.Get().(*[]byte)
-	defer streamBufs.Put(bp)
+	bp := bodyBufs.Get().(*[]byte)
+	defer bodyBufs.Put(bp)
 	buf := *bp
 	var capture *bytes.Buffer
 	keep := a.c.req != nil && res.StatusCode/100 == 2
@@ -184,11 +187,11 @@ func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response, body io.Re
 		}()
 	}
 	flushEach := res.ContentLength < 0
-	rc := flusherOf(w)
+	rc := sse.FlusherOf(w)
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
-			a.firstToken()
+			a.FirstToken()
 			if keep = keep && capture.Len()+n <= maxCaptureBytes; keep {
 				capture.Write(buf[:n])
 			}
@@ -196,7 +199,7 @@ func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response, body io.Re
 				return nil, werr
 			}
 			if flushEach {
-				if werr := flush(rc); werr != nil {
+				if werr := sse.Flush(rc); werr != nil {
 					return nil, werr
 				}
 			}
@@ -209,7 +212,7 @@ func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response, body io.Re
 		}
 	}
 	if keep {
-		if u, ok := parseUsage(jsonscan.Field(capture.Bytes(), "usage")); ok {
+		if u, ok := sse.ParseUsage(jsonscan.Field(capture.Bytes(), "usage")); ok {
 			a.setUsage(u)
 		}
 		if a.c.ep == request.Responses {
@@ -235,12 +238,6 @@ func (p *Proxy) setRouteHeaders(w http.ResponseWriter, d *router.Decision) {
 		h.Set(HeaderPredictedCached, strconv.Itoa(d.Cached))
 		h.Set(HeaderPredictedTTFT, strconv.FormatFloat(float64(d.PredictedTTFT)/float64(time.Millisecond), 'f', 1, 64))
 	}
-}
-
-// isEventStream reports whether the content type ct is text/event-stream.
-func isEventStream(ct string) bool {
-	ct, _, _ = strings.Cut(ct, ";")
-	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
 }
 
 // statusLabel is the requests_total label of an HTTP status.

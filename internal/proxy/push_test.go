@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
-	"github.com/kvroute/kvroute/internal/upstream"
 )
 
 // These tests push streams through the proxy: the lean path's push
@@ -181,69 +180,3 @@ func TestPushedStreamBreaksOff(t *testing.T) {
 		})
 	}
 }
-
-// piecePusher pushes its pieces, each as one read, the flag more set on
-// those that are not a read's last.
-type piecePusher struct {
-	pieces []string
-	more   []bool
-}
-
-var _ upstream.Pusher = (*piecePusher)(nil)
-
-func (pp *piecePusher) Push(s upstream.Sink) (bool, error) {
-	for i, piece := range pp.pieces {
-		for piece != "" {
-			p, err := s.Space()
-			if err != nil {
-				return true, err
-			}
-			k := copy(p, piece)
-			piece = piece[k:]
-			if err := s.Took(k, pp.more[i] || piece != ""); err != nil {
-				return true, err
-			}
-		}
-	}
-	return true, nil
-}
-
-// A pushed stream goes through copyEvents whole, even pieces that split an
-// event or outgrow the buffer, and the events of pieces that say more are
-// waiting share the next flush.
-func TestCopyEventsPushed(t *testing.T) {
-	big := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 3*streamBufBytes) + "\"}}]}\n\n"
-	tests := []struct {
-		name    string
-		pieces  []string
-		more    []bool
-		flushes int
-	}{
-		{name: "an event a read", pieces: []string{evHi, evThere, evDone}, more: []bool{false, false, false}, flushes: 3},
-		{name: "split events", pieces: []string{evHi[:7], evHi[7:] + evThere[:3], evThere[3:], evDone}, more: []bool{false, false, false, false}, flushes: 3},
-		{name: "more waiting", pieces: []string{evHi, evThere, evDone}, more: []bool{true, false, false}, flushes: 2},
-		// The end's last event goes out with the response's end, unflushed.
-		{name: "no blank line at the end", pieces: []string{evHi, "data: [DONE]"}, more: []bool{false, false}, flushes: 1},
-		{name: "larger than the buffer", pieces: []string{evHi, big[:100], big[100:], evDone}, more: []bool{false, false, false, false}, flushes: 3},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			w := &countingWriter{header: http.Header{}}
-			sc := eventScanner{usage: noUsage}
-			src := &piecePusher{pieces: tt.pieces, more: tt.more}
-			rerr, werr := copyEvents(w, src, &sc, nil)
-			if rerr != nil || werr != nil {
-				t.Fatalf("copy: %v, %v", rerr, werr)
-			}
-			if want := strings.Join(tt.pieces, ""); w.body.String() != want {
-				t.Errorf("forwarded %d bytes, want %d", w.body.Len(), len(want))
-			}
-			if w.flushes != tt.flushes {
-				t.Errorf("%d flushes, want %d", w.flushes, tt.flushes)
-			}
-		})
-	}
-}
-
-// piecePusher is also a Reader, which copyEvents must not use.
-func (pp *piecePusher) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }

@@ -1,4 +1,10 @@
-package proxy
+// Package sse carries an OpenAI event stream from a backend to the client:
+// it reads each event as it passes (content chunks, the usage, the
+// Responses API's response id), can take out a usage chunk the client did
+// not ask for, and copies the stream event by event with a flush per read,
+// allocating nothing per event. Non-streamed bodies share its usage reader
+// (ParseUsage) and its flushing (FlusherOf, Flush).
+package sse
 
 import (
 	"bytes"
@@ -6,73 +12,80 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 
 	"github.com/kvroute/kvroute/internal/jsonscan"
 	"github.com/kvroute/kvroute/internal/upstream"
 )
 
-// usage is a response's token accounting; -1 where the response did not say.
-type usage struct {
-	prompt, cached, completion int
+// Usage is a response's token accounting; -1 where the response did not
+// say.
+type Usage struct {
+	Prompt, Cached, Completion int
 }
 
-var noUsage = usage{-1, -1, -1}
+// NoUsage is the Usage of a response that reported none.
+var NoUsage = Usage{-1, -1, -1}
 
-// parseUsage reads an OpenAI usage object: chat and completions'
+// ParseUsage reads an OpenAI usage object: chat and completions'
 // (prompt_tokens, prompt_tokens_details.cached_tokens, completion_tokens)
 // or the Responses API's (input_tokens, input_tokens_details.cached_tokens,
 // output_tokens). ok is false if v is not an object.
-func parseUsage(v []byte) (u usage, ok bool) {
+func ParseUsage(v []byte) (u Usage, ok bool) {
 	if !jsonscan.IsObject(v) {
-		return noUsage, false
+		return NoUsage, false
 	}
-	u = noUsage
+	u = NoUsage
 	for m := range jsonscan.Members(v) {
 		x := v[m.Val:m.End]
 		switch {
 		case m.Is("prompt_tokens"):
-			u.prompt = jsonscan.IntValue(x)
+			u.Prompt = jsonscan.IntValue(x)
 		case m.Is("completion_tokens"):
-			u.completion = jsonscan.IntValue(x)
+			u.Completion = jsonscan.IntValue(x)
 		case m.Is("prompt_tokens_details"), m.Is("input_tokens_details"):
-			u.cached = jsonscan.IntValue(jsonscan.Field(x, "cached_tokens"))
+			u.Cached = jsonscan.IntValue(jsonscan.Field(x, "cached_tokens"))
 		case m.Is("input_tokens"):
-			u.prompt = jsonscan.IntValue(x)
+			u.Prompt = jsonscan.IntValue(x)
 		case m.Is("output_tokens"):
-			u.completion = jsonscan.IntValue(x)
+			u.Completion = jsonscan.IntValue(x)
 		}
 	}
 	return u, true
 }
 
-// eventScanner reads the OpenAI chunks of an event stream on their way to
+// Scanner reads the OpenAI chunks of an event stream on their way to
 // the client: it counts the chunks that carry content, keeps the last usage
 // and notes [DONE]. It reads the Responses API's typed events too: a
 // "response.….delta" event with a non-empty delta (output text, reasoning,
 // refusal, function call arguments) carries content, and the "response"
-// object of response.completed (or .incomplete, .failed) its usage. When hideUsage is set the proxy asked for usage on the
-// client's behalf, and the scanner says how to take it back out: drop the
-// usage-only chunk and cut `"usage":null` from the others.
-type eventScanner struct {
-	hideUsage bool
+// object of response.completed (or .incomplete, .failed) its usage. When
+// HideUsage is set the front asked for usage on the client's behalf, and
+// the scanner says how to take it back out: drop the usage-only chunk and
+// cut `"usage":null` from the others. A Scanner reads one stream, on one
+// goroutine.
+type Scanner struct {
+	// HideUsage is set when the front asked for usage on the client's
+	// behalf: the usage chunk is dropped, `"usage":null` cut.
+	HideUsage bool
 
-	// tokens is the number of chunks that carried content so far.
-	tokens int
-	// usage is the latest usage seen, valid if sawUsage.
-	usage    usage
-	sawUsage bool
-	// done is set once `data: [DONE]` went by.
-	done bool
-	// responseID is the Responses API response's id, from the first event
+	// Tokens is the number of chunks that carried content so far.
+	Tokens int
+	// Usage is the latest usage seen, valid if SawUsage.
+	Usage    Usage
+	SawUsage bool
+	// Done is set once `data: [DONE]` went by.
+	Done bool
+	// ResponseID is the Responses API response's id, from the first event
 	// that carries the response object (response.created).
-	responseID string
+	ResponseID string
 }
 
 // inspect examines one complete event (its lines and the blank line that
 // ends it) and says how to forward it: not at all (drop), or whole except
 // for the bytes ev[cutFrom:cutTo].
-func (s *eventScanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
+func (s *Scanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 	dataLines, usageOnly := 0, false
 	for off := 0; off < len(ev); {
 		end := bytes.IndexByte(ev[off:], '\n')
@@ -94,7 +107,7 @@ func (s *eventScanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 		}
 		data := bytes.TrimRight(ev[start:end], "\r")
 		if string(data) == "[DONE]" {
-			s.done = true
+			s.Done = true
 			continue
 		}
 		if !jsonscan.IsObject(data) {
@@ -118,26 +131,26 @@ func (s *eventScanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 			}
 		}
 		if hasContent(choices) || isResponseDelta(typ, delta) {
-			s.tokens++
+			s.Tokens++
 		}
 		if jsonscan.IsObject(resp) {
-			if s.responseID == "" {
-				s.responseID = jsonscan.StringValue(jsonscan.Field(resp, "id"))
+			if s.ResponseID == "" {
+				s.ResponseID = jsonscan.StringValue(jsonscan.Field(resp, "id"))
 			}
 			// A Responses API event: its usage is the response's, set in
 			// the events that end it.
-			if u, ok := parseUsage(jsonscan.Field(resp, "usage")); ok {
-				s.usage, s.sawUsage = u, true
+			if u, ok := ParseUsage(jsonscan.Field(resp, "usage")); ok {
+				s.Usage, s.SawUsage = u, true
 			}
 		}
 		if !hasUse {
 			continue
 		}
 		uv := data[use.Val:use.End]
-		if u, ok := parseUsage(uv); ok {
-			s.usage, s.sawUsage = u, true
-			usageOnly = s.hideUsage && (choices == nil || jsonscan.IsEmptyArray(choices))
-		} else if s.hideUsage && jsonscan.IsNull(uv) && cutTo == 0 {
+		if u, ok := ParseUsage(uv); ok {
+			s.Usage, s.SawUsage = u, true
+			usageOnly = s.HideUsage && (choices == nil || jsonscan.IsEmptyArray(choices))
+		} else if s.HideUsage && jsonscan.IsNull(uv) && cutTo == 0 {
 			from, to := memberSpan(data, use)
 			cutFrom, cutTo = start+from, start+to
 		}
@@ -238,7 +251,7 @@ var streamBufs = sync.Pool{New: func() any { b := make([]byte, streamBufBytes); 
 // errEventTooLarge is a backend's stream that is not made of SSE events.
 var errEventTooLarge = fmt.Errorf("event stream: an event is larger than %d bytes", maxEventBytes)
 
-// copyEvents copies an event stream from src to w one complete event at a
+// Copy copies an event stream from src to w one complete event at a
 // time, and flushes once the events of a read are written: no event waits
 // in a buffer while the proxy waits for the backend, and the events that
 // came in one read (the backend's were already buffered) go out in one
@@ -250,32 +263,32 @@ var errEventTooLarge = fmt.Errorf("event stream: an event is larger than %d byte
 // response's last chunk, in one write to the client where a flush here
 // would make two (and wake the client twice). It allocates nothing per
 // event.
-func copyEvents(w http.ResponseWriter, src io.Reader, sc *eventScanner, onFirst func()) (readErr, writeErr error) {
-	var first firstNoter
+func Copy(w http.ResponseWriter, src io.Reader, sc *Scanner, onFirst func()) (readErr, writeErr error) {
+	var first FirstNoter
 	if onFirst != nil {
 		first = noteFirst(onFirst)
 	}
-	return new(eventCopier).copy(w, src, sc, first)
+	return new(Copier).Copy(w, src, sc, first)
 }
 
-// firstNoter is told when the first content has been written: the
-// attempt, which is one (an interface holding it allocates nothing, where
+// FirstNoter is told when the first content has been written: the
+// proxy's attempt is one (an interface holding it allocates nothing, where
 // its method value would be an allocation a request).
-type firstNoter interface{ firstToken() }
+type FirstNoter interface{ FirstToken() }
 
-// noteFirst is a func as a firstNoter.
+// noteFirst is a func as a FirstNoter.
 type noteFirst func()
 
-func (f noteFirst) firstToken() { f() }
+func (f noteFirst) FirstToken() { f() }
 
-// copy is copyEvents with the copier's state in ec, a zero eventCopier
-// that may live in a larger object (the attempt): on its own it would be
-// allocated for every stream, as push takes it as an interface.
-func (ec *eventCopier) copy(w http.ResponseWriter, src io.Reader, sc *eventScanner, onFirst firstNoter) (readErr, writeErr error) {
-	rc := flusherOf(w)
+// Copy is the function Copy with the copier's state in ec, a zero Copier
+// that may live in a larger object (the proxy's attempt): on its own it
+// would be allocated for every stream, as a push takes it as an interface.
+func (ec *Copier) Copy(w http.ResponseWriter, src io.Reader, sc *Scanner, onFirst FirstNoter) (readErr, writeErr error) {
+	rc := FlusherOf(w)
 	bp := streamBufs.Get().(*[]byte)
 	defer streamBufs.Put(bp) // a grown buffer is left to the GC
-	*ec = eventCopier{w: w, rc: rc, sc: sc, onFirst: onFirst, buf: *bp}
+	*ec = Copier{w: w, rc: rc, sc: sc, onFirst: onFirst, buf: *bp}
 	defer func() { ec.buf = nil }() // the buffer goes back to the pool
 	if p, ok := src.(upstream.Pusher); ok {
 		if pushed, err := p.Push(ec); pushed {
@@ -302,20 +315,20 @@ func (ec *eventCopier) copy(w http.ResponseWriter, src io.Reader, sc *eventScann
 			return nil, err
 		}
 		if wrote {
-			if err := flush(rc); err != nil {
+			if err := Flush(rc); err != nil {
 				return nil, err
 			}
 		}
 	}
 }
 
-// eventCopier is copyEvents' state: buf[head:tail] holds bytes read and not
+// Copier is Copy's state: buf[head:tail] holds bytes read and not
 // yet written; the events in it end at or after scan.
-type eventCopier struct {
+type Copier struct {
 	w                http.ResponseWriter
-	rc               flusher
-	sc               *eventScanner
-	onFirst          firstNoter
+	rc               Flusher
+	sc               *Scanner
+	onFirst          FirstNoter
 	buf              []byte
 	head, tail, scan int
 	// When pushed: unflushed is set while events written wait for a
@@ -324,12 +337,12 @@ type eventCopier struct {
 	werr      error
 }
 
-var _ upstream.Sink = (*eventCopier)(nil)
+var _ upstream.Sink = (*Copier)(nil)
 
 // Space makes room as read does, and also moves a partial event to the
 // front when less than a quarter of the buffer is free, so that a read is
 // not cut short by the buffer's end.
-func (ec *eventCopier) Space() ([]byte, error) {
+func (ec *Copier) Space() ([]byte, error) {
 	if ec.head > 0 && len(ec.buf)-ec.tail < len(ec.buf)/4 {
 		ec.compact()
 	}
@@ -341,24 +354,24 @@ func (ec *eventCopier) Space() ([]byte, error) {
 
 // Took forwards the complete events among the n bytes pushed, and flushes
 // them unless more are waiting: those go out in the same flush.
-func (ec *eventCopier) Took(n int, more bool) error {
+func (ec *Copier) Took(n int, more bool) error {
 	ec.tail += n
 	wrote, err := ec.forward()
 	if err == nil {
 		ec.unflushed = ec.unflushed || wrote
 		if ec.unflushed && !more {
 			ec.unflushed = false
-			err = flush(ec.rc)
+			err = Flush(ec.rc)
 		}
 	}
 	ec.werr = err
 	return err
 }
 
-// endPush ends a pushed stream as copyEvents' loop ends a read one; err is
+// endPush ends a pushed stream as Copy's loop ends a read one; err is
 // push's. The events of the last read were not flushed (took was told the
 // body ended with them): they go out with the response's end.
-func (ec *eventCopier) endPush(err error) (readErr, writeErr error) {
+func (ec *Copier) endPush(err error) (readErr, writeErr error) {
 	switch {
 	case ec.werr != nil:
 		return nil, ec.werr
@@ -372,7 +385,7 @@ func (ec *eventCopier) endPush(err error) (readErr, writeErr error) {
 // read reads once from src into the free end of the buffer, first making
 // room: moving the unwritten bytes to the front, or growing the buffer for
 // an event larger than it (up to maxEventBytes).
-func (ec *eventCopier) read(src io.Reader) error {
+func (ec *Copier) read(src io.Reader) error {
 	if err := ec.makeRoom(); err != nil {
 		return err
 	}
@@ -384,7 +397,7 @@ func (ec *eventCopier) read(src io.Reader) error {
 // makeRoom makes the buffer's free end non-empty, if it is full: by moving
 // the unwritten bytes to the front, or by growing it for an event larger
 // than it (up to maxEventBytes).
-func (ec *eventCopier) makeRoom() error {
+func (ec *Copier) makeRoom() error {
 	if ec.tail < len(ec.buf) {
 		return nil
 	}
@@ -402,7 +415,7 @@ func (ec *eventCopier) makeRoom() error {
 }
 
 // compact moves the unwritten bytes to the buffer's front.
-func (ec *eventCopier) compact() {
+func (ec *Copier) compact() {
 	ec.tail = copy(ec.buf, ec.buf[ec.head:ec.tail])
 	ec.scan -= ec.head
 	ec.head = 0
@@ -411,7 +424,7 @@ func (ec *eventCopier) compact() {
 // forward writes the complete events in the buffer, each as sc.inspect
 // says, and reports whether it wrote any. Events forwarded whole go out
 // together, in one write.
-func (ec *eventCopier) forward() (wrote bool, err error) {
+func (ec *Copier) forward() (wrote bool, err error) {
 	run := ec.head // the events from run to head go out as they are
 	for {
 		end, next := eventEnd(ec.buf[:ec.tail], ec.scan)
@@ -419,7 +432,7 @@ func (ec *eventCopier) forward() (wrote bool, err error) {
 		if end < 0 {
 			break
 		}
-		before := ec.sc.tokens
+		before := ec.sc.Tokens
 		drop, from, to := ec.sc.inspect(ec.buf[ec.head:end])
 		if drop || to > from {
 			// This event is edited: what came before it goes first.
@@ -434,13 +447,13 @@ func (ec *eventCopier) forward() (wrote bool, err error) {
 				if _, err := ec.w.Write(ev[to:]); err != nil {
 					return false, err
 				}
-				ec.firstContent(ec.sc.tokens)
+				ec.firstContent(ec.sc.Tokens)
 			}
 			run = end
 		}
 		ec.head, wrote = end, wrote || !drop
 	}
-	if err := ec.write(run, ec.head, ec.sc.tokens); err != nil {
+	if err := ec.write(run, ec.head, ec.sc.Tokens); err != nil {
 		return false, err
 	}
 	if ec.head == ec.tail {
@@ -452,7 +465,7 @@ func (ec *eventCopier) forward() (wrote bool, err error) {
 // forwardRest writes the bytes after the last complete event, the end of a
 // stream that did not end with a blank line, as an event of its own; it
 // reports whether it wrote any.
-func (ec *eventCopier) forwardRest() (bool, error) {
+func (ec *Copier) forwardRest() (bool, error) {
 	if ec.tail <= ec.head {
 		return false, nil
 	}
@@ -473,13 +486,13 @@ func (ec *eventCopier) forwardRest() (bool, error) {
 	if _, err := ec.w.Write(ev); err != nil {
 		return false, err
 	}
-	ec.firstContent(ec.sc.tokens)
+	ec.firstContent(ec.sc.Tokens)
 	return true, nil
 }
 
 // write writes buf[from:to], events forwarded whole; written is the
 // scanner's count of content chunks up to their end.
-func (ec *eventCopier) write(from, to, written int) error {
+func (ec *Copier) write(from, to, written int) error {
 	if to <= from {
 		return nil
 	}
@@ -492,35 +505,43 @@ func (ec *eventCopier) write(from, to, written int) error {
 
 // firstContent calls onFirst, once, when the events written so far hold
 // written content chunks.
-func (ec *eventCopier) firstContent(written int) {
+func (ec *Copier) firstContent(written int) {
 	if written > 0 && ec.onFirst != nil {
-		ec.onFirst.firstToken()
+		ec.onFirst.FirstToken()
 		ec.onFirst = nil
 	}
 }
 
-// flusher flushes a response writer, reporting the error.
-type flusher interface{ FlushError() error }
+// Flusher flushes a response writer, reporting the error.
+type Flusher interface{ FlushError() error }
 
-// flusherOf is w's own FlushError when it has one (net/http's writer, the
-// held writer), else a ResponseController's Flush, which allocates.
-func flusherOf(w http.ResponseWriter) flusher {
-	if f, ok := w.(flusher); ok {
+// FlusherOf returns w's own FlushError when it has one (net/http's writer,
+// the proxy's held writer), else a ResponseController's Flush, which
+// allocates.
+func FlusherOf(w http.ResponseWriter) Flusher {
+	if f, ok := w.(Flusher); ok {
 		return f
 	}
 	return controllerFlusher{http.NewResponseController(w)}
 }
 
+// controllerFlusher flushes through a ResponseController.
 type controllerFlusher struct{ rc *http.ResponseController }
 
 func (f controllerFlusher) FlushError() error { return f.rc.Flush() }
 
-// flush sends what w has buffered to the client. A writer that cannot flush
-// (wrapped by middleware that hides it) is not an error: the data still
-// goes out, only later.
-func flush(rc flusher) error {
+// Flush sends what rc's writer has buffered to the client. A writer that
+// cannot flush (wrapped by middleware that hides it) is not an error: the
+// data still goes out, only later.
+func Flush(rc Flusher) error {
 	if err := rc.FlushError(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		return err
 	}
 	return nil
+}
+
+// IsEventStream reports whether the content type ct is text/event-stream.
+func IsEventStream(ct string) bool {
+	ct, _, _ = strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
 }
