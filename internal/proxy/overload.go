@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/admission"
+	"github.com/kvroute/kvroute/internal/auth"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/router"
@@ -51,7 +52,7 @@ func (p *Proxy) entry(r *http.Request, req *router.Request) (admission.Entry, *a
 		return admission.Entry{}, openai.BadRequest("", "header %s: %v", admission.HeaderPriority, err)
 	}
 	tenant := r.Header.Get(admission.HeaderTenant)
-	if key, ok := KeyFromContext(r.Context()); ok {
+	if key, ok := auth.KeyFromContext(r.Context()); ok {
 		keyClass := admission.Standard
 		switch {
 		case key.Priority > 0:

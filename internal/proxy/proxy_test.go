@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/internal/auth"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/request"
@@ -519,7 +520,7 @@ func TestBadInput(t *testing.T) {
 	_, px := newTestProxy(t, f, newFirstPolicy(), func(c *Config) {
 		c.MaxBodyBytes = 1024
 		c.Now = func() time.Time { return at }
-		c.Security.APIKeys = []APIKey{{Key: "good", Name: "good"}, {Key: "spent", Name: "spent", RPM: 1}, {Key: "small", Name: "small", TPM: 4}}
+		c.Security.APIKeys = []auth.APIKey{{Key: "good", Name: "good"}, {Key: "spent", Name: "spent", RPM: 1}, {Key: "small", Name: "small", TPM: 4}}
 	})
 	// Every request carries the good key but for the cases about keys.
 	auth := map[string]string{"missing key": "", "wrong key": "Bearer nope", "key not bearer": "Basic Z29vZA==",

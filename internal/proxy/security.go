@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -9,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/internal/auth"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
@@ -21,7 +21,7 @@ import (
 type Security struct {
 	// APIKeys are the client keys. Empty means no authentication (logged
 	// as a warning once, at New).
-	APIKeys []APIKey
+	APIKeys []auth.APIKey
 	// ForwardClientAuth sends the client's Authorization, Cookie and
 	// Proxy-Authorization headers to the backends. Off, they are removed:
 	// they are the client's credentials for the proxy, not the backends'.
@@ -37,7 +37,7 @@ type Security struct {
 
 // security is Security at run time.
 type security struct {
-	keys             keyRing
+	keys             auth.Ring
 	rules            []pathRule
 	forwardAuth      bool
 	metricsElsewhere bool
@@ -55,11 +55,11 @@ const (
 )
 
 func newSecurity(s Security, reg prometheus.Registerer, log *slog.Logger) (*security, error) {
-	if err := CheckAPIKeys(s.APIKeys); err != nil {
+	if err := auth.CheckAPIKeys(s.APIKeys); err != nil {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	sec := &security{
-		keys:             newKeyRing(s.APIKeys),
+		keys:             auth.NewRing(s.APIKeys),
 		rules:            defaultRules,
 		forwardAuth:      s.ForwardClientAuth,
 		metricsElsewhere: s.MetricsElsewhere,
@@ -114,11 +114,11 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 		p.reject(w, notFound(r))
 		return r, false
 	}
-	var c *client
+	var c *auth.Client
 	if len(s.keys) > 0 {
-		token, ok := bearer(r.Header)
+		token, ok := auth.Bearer(r.Header)
 		if ok {
-			c = s.keys.find(token)
+			c = s.keys.Find(token)
 		}
 		if c == nil {
 			reason := map[bool]string{true: "invalid", false: "missing"}[ok]
@@ -127,7 +127,7 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 			p.reject(w, unauthorized(!ok))
 			return r, false
 		}
-		r = r.WithContext(context.WithValue(r.Context(), keyContext{}, c))
+		r = r.WithContext(auth.NewContext(r.Context(), c))
 	}
 	forwardHere := false
 	if path != "/metrics" && (strings.HasPrefix(path, "/v1/") || path == "/v1") {
@@ -149,8 +149,8 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 		}
 		forwardHere = true
 	}
-	if c != nil && c.requests != nil {
-		if ok, wait := c.requests.take(p.now(), 1); !ok {
+	if c != nil && c.Requests != nil {
+		if ok, wait := c.Requests.Take(p.now(), 1); !ok {
 			s.keyRequests.WithLabelValues(c.Name, outcomeRequestLimited).Inc()
 			p.log.Info("request refused: requests per minute", "key", c.Name, "rpm", c.RPM)
 			p.reject(w, rateLimited(w, c.Name, typeRequests, c.RPM, 1, wait))
@@ -184,13 +184,13 @@ func (s *security) allowed(path string) (bool, []string) {
 // estimate is charged, not the usage the backend reports later, so that a
 // limit holds before the work is done.
 func (p *Proxy) chargeTokens(w http.ResponseWriter, r *http.Request, req *router.Request) *apiError {
-	c := clientFrom(r.Context())
+	c := auth.ClientFrom(r.Context())
 	if c == nil {
 		return nil
 	}
 	n := estimateTokens(req)
-	if c.tokens != nil {
-		if ok, wait := c.tokens.take(p.now(), n); !ok {
+	if c.Tokens != nil {
+		if ok, wait := c.Tokens.Take(p.now(), n); !ok {
 			p.sec.keyRequests.WithLabelValues(c.Name, outcomeTokenLimited).Inc()
 			p.log.Info("request refused: tokens per minute", "key", c.Name, "tpm", c.TPM, "tokens", n)
 			return rateLimited(w, c.Name, typeTokens, c.TPM, n, wait)

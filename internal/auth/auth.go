@@ -1,4 +1,8 @@
-package proxy
+// Package auth holds the clients' API keys of kvroute serve: their YAML
+// file, their validation, the lookup of a bearer token in constant time,
+// the key a request carries in its context, and each key's per-minute
+// allowances (Bucket). The proxy decides what a request may do with them.
+package auth
 
 import (
 	"bytes"
@@ -8,23 +12,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"strings"
+	"sync"
+	"time"
 	"unicode"
 
 	yaml "go.yaml.in/yaml/v3"
 
 	"github.com/kvroute/kvroute/internal/fleet"
-)
-
-// Error codes of authentication and rate limiting, as OpenAI's API sends
-// them. A 429's type says which limit was hit: "requests" or "tokens".
-const (
-	codeInvalidAPIKey = "invalid_api_key"
-	codeRateLimited   = "rate_limit_exceeded"
-	typeRequests      = "requests"
-	typeTokens        = "tokens"
 )
 
 // APIKey is a client API key and what its holder may do.
@@ -133,39 +131,40 @@ func CheckAPIKeys(keys []APIKey) error {
 	return nil
 }
 
-// client is a configured key at run time: its hash and its limits.
-type client struct {
+// Client is a configured key at run time: its hash and its limits.
+type Client struct {
 	APIKey
-	hash     [sha256.Size]byte
-	requests *bucket // nil: no limit
-	tokens   *bucket // nil: no limit
+	hash [sha256.Size]byte
+	// Requests and Tokens are the key's allowances a minute; nil: no limit.
+	Requests, Tokens *Bucket
 }
 
-// keyRing finds the client of a bearer token.
-type keyRing []*client
+// Ring finds the client of a bearer token. It is safe for concurrent use.
+type Ring []*Client
 
-func newKeyRing(keys []APIKey) keyRing {
-	ring := make(keyRing, 0, len(keys))
+// NewRing returns the clients of keys, each with its allowances full.
+func NewRing(keys []APIKey) Ring {
+	ring := make(Ring, 0, len(keys))
 	for _, k := range keys {
-		c := &client{APIKey: k, hash: sha256.Sum256([]byte(k.Key))}
+		c := &Client{APIKey: k, hash: sha256.Sum256([]byte(k.Key))}
 		if k.RPM > 0 {
-			c.requests = newBucket(k.RPM)
+			c.Requests = NewBucket(k.RPM)
 		}
 		if k.TPM > 0 {
-			c.tokens = newBucket(k.TPM)
+			c.Tokens = NewBucket(k.TPM)
 		}
 		ring = append(ring, c)
 	}
 	return ring
 }
 
-// find returns the client whose key is token, or nil. It compares SHA-256
+// Find returns the client whose key is token, or nil. It compares SHA-256
 // hashes in constant time, and all of them, so that neither the token's
 // length nor how much of it matched nor which key it is shows in the time
 // the answer takes.
-func (ring keyRing) find(token string) *client {
+func (ring Ring) Find(token string) *Client {
 	h := sha256.Sum256([]byte(token))
-	var found *client
+	var found *Client
 	for _, c := range ring {
 		if subtle.ConstantTimeCompare(h[:], c.hash[:]) == 1 {
 			found = c
@@ -174,8 +173,8 @@ func (ring keyRing) find(token string) *client {
 	return found
 }
 
-// bearer returns the token of an "Authorization: Bearer TOKEN" header.
-func bearer(h http.Header) (string, bool) {
+// Bearer returns the token of an "Authorization: Bearer TOKEN" header.
+func Bearer(h http.Header) (string, bool) {
 	v := h.Get("Authorization")
 	scheme, token, ok := strings.Cut(v, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
@@ -185,28 +184,68 @@ func bearer(h http.Header) (string, bool) {
 	return token, token != ""
 }
 
+// keyContext is the context key of a request's client.
 type keyContext struct{}
+
+// NewContext returns ctx carrying c, the client that authenticated the
+// request.
+func NewContext(ctx context.Context, c *Client) context.Context {
+	return context.WithValue(ctx, keyContext{}, c)
+}
 
 // KeyFromContext returns the API key that authenticated the request whose
 // context is ctx (its Name, Priority and limits), if keys are configured.
 func KeyFromContext(ctx context.Context) (APIKey, bool) {
-	c, ok := ctx.Value(keyContext{}).(*client)
+	c, ok := ctx.Value(keyContext{}).(*Client)
 	if !ok {
 		return APIKey{}, false
 	}
 	return c.APIKey, true
 }
 
-func clientFrom(ctx context.Context) *client {
-	c, _ := ctx.Value(keyContext{}).(*client)
+// ClientFrom returns the client ctx carries (NewContext), or nil.
+func ClientFrom(ctx context.Context) *Client {
+	c, _ := ctx.Value(keyContext{}).(*Client)
 	return c
 }
 
-// unauthorized is OpenAI's 401: the message never repeats the key given.
-func unauthorized(missing bool) *apiError {
-	msg := "Incorrect API key provided."
-	if missing {
-		msg = "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+// Bucket is a token bucket that refills perMinute tokens a minute, evenly,
+// and holds at most perMinute: a key idle for a minute may spend a whole
+// minute's allowance at once, never more. It is safe for concurrent use.
+type Bucket struct {
+	mu       sync.Mutex
+	capacity float64
+	perSec   float64
+	level    float64
+	at       time.Time // when level was last brought up to date; zero: full
+}
+
+// NewBucket returns a full bucket of perMinute tokens.
+func NewBucket(perMinute int) *Bucket {
+	return &Bucket{capacity: float64(perMinute), perSec: float64(perMinute) / 60, level: float64(perMinute)}
+}
+
+// Take removes n tokens at now if the bucket holds them. If not, it takes
+// nothing and returns how long until it would hold them; a request larger
+// than the capacity can never pass and gets wait < 0.
+func (b *Bucket) Take(now time.Time, n int) (ok bool, wait time.Duration) {
+	need := float64(n)
+	if need > b.capacity {
+		return false, -1
 	}
-	return &apiError{Status: http.StatusUnauthorized, Message: msg, Type: typeInvalidRequest, Code: codeInvalidAPIKey}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.at.IsZero() {
+		if dt := now.Sub(b.at).Seconds(); dt > 0 { // a clock that steps back refills nothing
+			b.level = math.Min(b.capacity, b.level+dt*b.perSec)
+		}
+	}
+	if b.at.IsZero() || now.After(b.at) {
+		b.at = now
+	}
+	if b.level >= need {
+		b.level -= need
+		return true, 0
+	}
+	return false, time.Duration((need - b.level) / b.perSec * float64(time.Second))
 }
