@@ -1,31 +1,21 @@
 package proxy
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 	"strconv"
-	"sync"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
-	"github.com/kvroute/kvroute/internal/jsonscan"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
-	"github.com/kvroute/kvroute/internal/sse"
 )
-
-// reasonLeastRequest is the route of requests the proxy routes by load.
-const reasonLeastRequest = "least-request"
-
-// statusClientClosed is the status label of a request whose client went away
-// before the response was complete (nginx's 499).
-const statusClientClosed = "499"
 
 // call is one client request on its way to a backend.
 type call struct {
@@ -56,6 +46,69 @@ type call struct {
 	model string
 }
 
+// forward sends c to a backend picked among cands and copies the response
+// back. An attempt that fails before anything reached the client (the
+// backend unreachable, its connection reset, a 429/502/503/504, no first
+// token in time) is retried on another candidate, within MaxAttempts and the
+// retry budget; once a byte reached the client the request is never resent.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands []*fleet.Backend) {
+	c.id = requestID(r)
+	p.traceCall(r, c) // tracing.go: model and session on the request's span
+	p.budget.start()
+	defer p.budget.active.Add(-1)
+	var last *failure
+	var lastTicket *router.Ticket
+	for n := 1; ; n++ {
+		t, e := p.tracedRoute(r.Context(), c, cands) // tracing.go: p.route in a span
+		if e != nil {
+			if last != nil {
+				p.giveUp(w, lastTicket, last, n-1)
+			} else {
+				p.rejectFor(w, e, c.model)
+			}
+			return
+		}
+		if n == 1 && !c.held && p.missesDeadline(w, t, c.deadline) {
+			return
+		}
+		more := n < p.res.MaxAttempts && len(cands) > 1
+		c.holdable = c.req != nil && !c.held
+		f, abort := p.attempt(w, r, c, t, more && p.budget.allows())
+		if abort {
+			// Headers are sent, the body is cut short: all that is left is to
+			// break the client's connection so it cannot take the truncated
+			// response for a complete one.
+			panic(http.ErrAbortHandler)
+		}
+		if f == nil {
+			return
+		}
+		last, lastTicket = f, t
+		cands = router.Without(cands, t.Backend)
+		if f.kind == "status" && f.status == http.StatusTooManyRequests && !more && c.holdable {
+			// Every backend this request could try is full for now: hold it
+			// for the Retry-After, once, then try those that are back.
+			if cands = p.hold(r, c, f); len(cands) == 0 {
+				p.giveUp(w, t, f, n)
+				return
+			}
+			p.metrics.retries.WithLabelValues(t.Backend.Name, "held").Inc()
+			n = 0
+			continue
+		}
+		// A refused connection loads no backend: its retry is free.
+		free := f.kind == "dial"
+		if !more || r.Context().Err() != nil || (!free && !p.budget.acquire()) {
+			p.giveUp(w, t, f, n)
+			return
+		}
+		c.retrying = !free
+		p.metrics.retries.WithLabelValues(t.Backend.Name, f.kind).Inc()
+		p.log.Warn("backend failed before answering, retrying on another",
+			"request_id", c.id, "backend", t.Backend.Name, "reason", f.kind, "status", f.status, "attempt", n, "err", f.err)
+	}
+}
+
 // route asks the policy for a backend for a chat or completion request, and
 // picks the least loaded one for other requests; either way the request is
 // counted there until its ticket is finished.
@@ -79,6 +132,9 @@ func (p *Proxy) route(c *call, cands []*fleet.Backend) (*router.Ticket, *apiErro
 	return t, nil
 }
 
+// reasonLeastRequest is the route of requests the proxy routes by load.
+const reasonLeastRequest = "least-request"
+
 // byLoad is the policy of the requests the proxy routes by load alone: the
 // candidate with the fewest requests in flight, uniformly at random among
 // ties so that an idle fleet spreads its load.
@@ -94,164 +150,112 @@ func (l byLoad) Pick(_ *router.Request, cands []*fleet.Backend) (router.Decision
 	return router.Decision{Backend: b, Reason: reasonLeastRequest}, nil
 }
 
-// FirstToken marks the first content of the response: the backend is done
-// with the prefill.
-func (a *attempt) FirstToken() {
-	if a.first {
-		return
-	}
-	a.first = true
-	a.out.TTFT = a.p.now().Sub(a.start)
-	a.t.FirstToken()
-	a.wd.idle(a.p.res.StreamIdleTimeout)
+// failure is why an attempt got no answer that could go to the client:
+// nothing of it was sent, so another backend may take the request.
+type failure struct {
+	// kind is the metrics' reason: "dial", "reset", "timeout" or "status".
+	kind   string
+	status int // the backend's status, for "status"
+	// retryAfter is the backend's Retry-After, for a 429 or 503.
+	retryAfter time.Duration
+	err        error
 }
 
-func (a *attempt) setUsage(u sse.Usage) {
-	a.out.PromptTokens, a.out.CachedTokens, a.out.CompletionTokens = u.Prompt, u.Cached, u.Completion
+// retriableStatus reports whether a backend's status means it did not
+// serve the request and another may: overloaded (429), failed inside (500:
+// a generation is safe to repeat before its first byte, and a request that
+// fails everywhere fails within MaxAttempts), or a gateway in front of it,
+// or the server itself, unable to serve (502, 503, 504).
+func retriableStatus(code int) bool {
+	switch code {
+	case http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
 }
 
-// finish releases the attempt's load and records its outcome: metrics, the
-// policy's feedback, the debug log line.
-func (a *attempt) finish(ctx context.Context) {
-	p, d, o := a.p, &a.t.Decision, &a.out
-	o.Latency = p.now().Sub(a.start)
-	a.report()
-	name, model := d.Backend.Name, cmp.Or(a.c.model, noBackend)
-	m := p.metrics
-	if a.status != "" {
-		m.requests.WithLabelValues(name, a.status, d.Reason, model).Inc()
+// retryAfter reads a Retry-After header in seconds (the form inference
+// servers use); 0 when absent or not a number.
+func retryAfter(h http.Header) time.Duration {
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0 // and no error of Atoi's to allocate, as nearly every response
 	}
-	if a.c.req != nil {
-		if a.complete && o.Status/100 == 2 {
-			if a.first {
-				m.ttft.WithLabelValues(name, model).Observe(o.TTFT.Seconds())
-			}
-			m.e2e.WithLabelValues(name, model).Observe(o.Latency.Seconds())
-		}
-		if o.CachedTokens >= 0 {
-			m.predicted.WithLabelValues(name).Add(float64(d.Cached))
-			m.reported.WithLabelValues(name).Add(float64(o.CachedTokens))
-		}
-		if o.PromptTokens >= 0 {
-			m.prompt.WithLabelValues(name).Add(float64(o.PromptTokens))
-		}
+	s, err := strconv.Atoi(v)
+	if err != nil || s <= 0 {
+		return 0
 	}
-	a.t.Finish(*o)
-	a.traceEnd() // tracing.go
-	if p.log.Enabled(ctx, slog.LevelDebug) {
-		p.log.LogAttrs(ctx, slog.LevelDebug, "request", slog.String("request_id", a.c.id),
-			slog.String("backend", name),
-			slog.String("reason", d.Reason),
-			slog.String("status", a.status),
-			slog.Int("predicted_prompt_tokens", a.t.Request().PromptTokens),
-			slog.Int("predicted_cached_tokens", d.Cached),
-			slog.Int("prompt_tokens", o.PromptTokens),
-			slog.Int("cached_tokens", o.CachedTokens),
-			slog.Int("completion_tokens", o.CompletionTokens),
-			slog.Any("scores", d.Scores),
-			slog.Duration("ttft", o.TTFT),
-			slog.Duration("latency", o.Latency))
-	}
+	return time.Duration(min(s, 3600)) * time.Second
 }
 
-// Non-streaming chat, completion and Responses API bodies are kept, up to maxCaptureBytes,
-// to read their usage; buffers that grew past maxPooledCapture are not
-// pooled.
-const (
-	maxCaptureBytes  = 8 << 20
-	maxPooledCapture = 1 << 20
-)
+// maxHold bounds how long a request whose every candidate answered 429 is
+// held for their Retry-After: past a few seconds the client is better told.
+const maxHold = 5 * time.Second
 
-var captures = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// bodyBufs are the copy buffers of bodies that are not event streams.
-var bodyBufs = sync.Pool{New: func() any { b := make([]byte, 8<<10); return &b }}
-
-// copyBody copies a response that is not an event stream, as it arrives
-// (flushing after every write when its length is unknown, as a stream of
-// another kind may be). For a successful chat or completion response it
-// keeps a copy of the body and reads the usage from it at the end.
-func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response, body io.Reader) (readErr, writeErr error) {
-	bp := bodyBufs.Get().(*[]byte)
-	defer bodyBufs.Put(bp)
-	buf := *bp
-	var capture *bytes.Buffer
-	keep := a.c.req != nil && res.StatusCode/100 == 2
-	if keep {
-		capture = captures.Get().(*bytes.Buffer)
-		capture.Reset()
-		defer func() {
-			if capture.Cap() <= maxPooledCapture {
-				captures.Put(capture)
-			}
-		}()
+// hold waits out f's Retry-After (1 s if it gave none, at most maxHold),
+// unless the client leaves or the proxy stops first, and returns the
+// candidates for c's model then; none if it did not wait.
+func (p *Proxy) hold(r *http.Request, c *call, f *failure) []*fleet.Backend {
+	c.held = true
+	wait := min(cmp.Or(f.retryAfter, backoffFor), maxHold) + 50*time.Millisecond // past the backoff's end
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+		return nil
+	case <-p.stop.Done():
+		return nil
 	}
-	flushEach := res.ContentLength < 0
-	rc := sse.FlusherOf(w)
-	for {
-		n, err := body.Read(buf)
-		if n > 0 {
-			a.FirstToken()
-			if keep = keep && capture.Len()+n <= maxCaptureBytes; keep {
-				capture.Write(buf[:n])
-			}
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return nil, werr
-			}
-			if flushEach {
-				if werr := sse.Flush(rc); werr != nil {
-					return nil, werr
-				}
-			}
-		}
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return err, nil
-		}
-	}
-	if keep {
-		if u, ok := sse.ParseUsage(jsonscan.Field(capture.Bytes(), "usage")); ok {
-			a.setUsage(u)
-		}
-		if a.c.ep == request.Responses {
-			a.out.ResponseID = jsonscan.StringValue(jsonscan.Field(capture.Bytes(), "id"))
-		}
-	}
-	return nil, nil
+	return p.fleet.Candidates(nil, c.req.Model)
 }
 
-// The headers Config.Explain adds, for policies that predict: the prompt
-// tokens expected cached on the chosen backend, and the time to first token
-// expected there, in milliseconds.
-const (
-	HeaderPredictedCached = "X-Kvroute-Predicted-Cached"
-	HeaderPredictedTTFT   = "X-Kvroute-Predicted-Ttft-Ms"
-)
-
-func (p *Proxy) setRouteHeaders(w http.ResponseWriter, d *router.Decision) {
-	h := w.Header()
-	vv := []string{d.Backend.Name, d.Reason} // one allocation for both: never appended to
-	h[HeaderBackend], h[HeaderRoute] = vv[:1:1], vv[1:]
-	if p.explain && d.PredictedTTFT > 0 {
-		h.Set(HeaderPredictedCached, strconv.Itoa(d.Cached))
-		h.Set(HeaderPredictedTTFT, strconv.FormatFloat(float64(d.PredictedTTFT)/float64(time.Millisecond), 'f', 1, 64))
+// giveUp answers a request whose last attempt, at t's backend, failed with
+// f after n attempts in all.
+func (p *Proxy) giveUp(w http.ResponseWriter, t *router.Ticket, f *failure, n int) {
+	name := t.Backend.Name
+	e := &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeBackendError}
+	switch f.kind {
+	case "dial":
+		e.Code = codeBackendUnreachable
+		e.Message = "backend " + name + " is unreachable (" + describe(f.err) + ")"
+	case "timeout":
+		e.Status, e.Code = http.StatusGatewayTimeout, codeBackendTimeout
+		e.Message = "backend " + name + " did not answer in time: " + f.err.Error()
+	case "status":
+		e.Status = f.status
+		e.Message = "backend " + name + " answered " + strconv.Itoa(f.status) + " " + http.StatusText(f.status)
+		if f.status == http.StatusTooManyRequests {
+			e.Type, e.Code = typeRequests, codeRateLimited
+		}
+	default:
+		e.Message = "backend " + name + " failed before answering (" + describe(f.err) + ")"
 	}
+	if n > 1 {
+		e.Message += " after " + strconv.Itoa(n) + " attempts"
+	}
+	if f.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((f.retryAfter+time.Second-1)/time.Second)))
+	}
+	p.log.Warn("request failed", "request_id", w.Header().Get(HeaderRequestID), "backend", name, "reason", f.kind, "status", e.Status, "attempts", n, "err", f.err)
+	p.metrics.requests.WithLabelValues(name, statusLabel(e.Status), t.Reason, cmp.Or(t.Request().Model, noBackend)).Inc()
+	p.setRouteHeaders(w, &t.Decision)
+	writeError(w, e)
 }
 
-// statusLabel is the requests_total label of an HTTP status.
-func statusLabel(code int) string {
-	if code >= 100 && code < 100+len(statusLabels) {
-		return statusLabels[code-100] // strconv.Itoa would allocate one for every request
+// describe names a connection error without the backend's address, which
+// clients are not told.
+func describe(err error) string {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection closed"
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, errFirstTokenTimeout), errors.Is(err, errIdleTimeout):
+		return "timed out"
+	case err == nil:
+		return "no answer"
 	}
-	return strconv.Itoa(code)
+	return "connection failed"
 }
-
-// statusLabels are the labels of statuses 100 to 599.
-var statusLabels = func() (l [500]string) {
-	for i := range l {
-		l[i] = strconv.Itoa(100 + i)
-	}
-	return l
-}()

@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -12,6 +13,10 @@ import (
 // Label values for requests that never reached a backend, and of the model
 // label when the request named no model the fleet serves.
 const noBackend = "none"
+
+// statusClientClosed is the status label of a request whose client went away
+// before the response was complete (nginx's 499).
+const statusClientClosed = "499"
 
 // metrics are the proxy's Prometheus metrics, all named kvroute_*.
 type metrics struct {
@@ -132,6 +137,22 @@ func (m *metrics) initSeries(backend string) {
 		}
 	}
 }
+
+// statusLabel is the requests_total label of an HTTP status.
+func statusLabel(code int) string {
+	if code >= 100 && code < 100+len(statusLabels) {
+		return statusLabels[code-100] // strconv.Itoa would allocate one for every request
+	}
+	return strconv.Itoa(code)
+}
+
+// statusLabels are the labels of statuses 100 to 599.
+var statusLabels = func() (l [500]string) {
+	for i := range l {
+		l[i] = strconv.Itoa(100 + i)
+	}
+	return l
+}()
 
 // modelLabel is the model label of a request for model: the model if some
 // backend of the fleet serves it, else "none", so that clients cannot add

@@ -29,7 +29,8 @@ type Generation struct {
 // Responses API (Responses) request in one pass. session is the session
 // header's value, which takes precedence over the body's keys (see
 // sessionKey for their order). The error is a 400 to answer the client
-// with.
+// with. It is one function so that the body's members are read in one
+// pass, each noted where it is found.
 func Parse(ep Endpoint, body []byte, session string) (*Generation, *openai.Error) {
 	obj, e := jsonObject(body)
 	if e != nil {
