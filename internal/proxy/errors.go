@@ -23,7 +23,6 @@ const (
 	codeUnavailable        = openai.CodeUnavailable
 	codeBackendUnreachable = "backend_unreachable"
 	codeBackendError       = "backend_error"
-	codeInternal           = openai.CodeInternal
 	codeBackendTimeout     = "backend_timeout"
 	codeRequestTimeout     = "request_timeout"
 )

@@ -32,7 +32,7 @@ type metrics struct {
 	timeouts  *prometheus.CounterVec // backend, kind
 	cut       *prometheus.CounterVec // backend, reason
 	deadline  prometheus.Counter
-	upstream  *prometheus.CounterVec // event: the lean path's connections (upstream.go)
+	upstream  *prometheus.CounterVec // event: the lean path's connections (internal/upstream)
 }
 
 // Buckets in seconds. TTFT runs from a cached short prompt (milliseconds) to

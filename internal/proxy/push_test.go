@@ -16,7 +16,7 @@ import (
 )
 
 // These tests push streams through the proxy: the lean path's push
-// (internal/upstream) into the event copy (sse.go).
+// (internal/upstream) into the event copy (internal/sse).
 
 // rawBackend answers every request on a connection with the bytes it was
 // given, written a piece at a time so that the proxy's reads split them
