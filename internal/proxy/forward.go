@@ -138,6 +138,8 @@ const reasonLeastRequest = "least-request"
 // byLoad is the policy of the requests the proxy routes by load alone: the
 // candidate with the fewest requests in flight, uniformly at random among
 // ties so that an idle fleet spreads its load.
+// It is router.LeastRequest drawing on Config.Rand, which that policy's
+// constructor does not take.
 type byLoad struct{ rand func(int) int }
 
 func (byLoad) Name() string { return reasonLeastRequest }
