@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
-	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/router"
 )
@@ -26,7 +26,7 @@ type coreFlags struct {
 // register defines the shared flags on fs.
 func (c coreFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(c.policy, "policy", "kvroute", "routing policy: "+strings.Join(router.Names(), ", "))
-	fs.StringVar(c.sessionHeader, "session-header", proxy.DefaultSessionHeader, "request header carrying the session key")
+	fs.StringVar(c.sessionHeader, "session-header", request.DefaultSessionHeader, "request header carrying the session key")
 	fs.DurationVar(&c.fleet.ScrapeInterval, "scrape-interval", time.Second, "how often backends' /metrics are scraped")
 	fs.DurationVar(&c.fleet.HealthInterval, "health-interval", time.Second, "how often backends' /health is checked")
 	fs.IntVar(&c.fleet.FailThreshold, "health-fails", fleet.DefaultFailThreshold, "failed /health checks in a row that take a backend out of rotation (one before its first pass; a request's refused or reset connection takes it out at once)")

@@ -44,7 +44,7 @@ func registerHardening(fs *flag.FlagSet, cfg *serveConfig) {
 	fs.DurationVar(&s.Grace, "shutdown-grace", server.DefaultGrace, "then requests in flight get this long to finish; streams still running end with an error event")
 
 	fs.IntVar(&o.Admission.MaxInFlight, "max-in-flight", admission.DefaultMaxInFlight, "most generation requests in flight over the fleet (negative: no cap)")
-	fs.IntVar(&o.MaxPerBackend, "max-per-backend", proxy.DefaultMaxPerBackend, "most generation requests in flight on one backend; past it requests wait in the router's queue (negative: no cap)")
+	fs.IntVar(&o.MaxPerBackend, "max-per-backend", admission.DefaultMaxPerBackend, "most generation requests in flight on one backend; past it requests wait in the router's queue (negative: no cap)")
 	fs.IntVar(&o.Admission.MaxQueue, "max-queue", admission.DefaultMaxQueue, "most requests waiting in the router's queue; past it 429 (negative: no queue)")
 	fs.DurationVar(&o.Admission.QueueTimeout, "queue-timeout", admission.DefaultQueueTimeout, "longest wait in the queue; past it 429")
 	fs.DurationVar(&o.DefaultDeadline, "default-deadline", 0, "time to first token granted a request without an X-Kvroute-Deadline header; one predicted to miss it gets 429 at once (0: none)")

@@ -13,8 +13,10 @@ import (
 	"os"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/auth"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/upstream"
 )
 
 // defaultMetricsListen is where /metrics is served by default: loopback,
@@ -37,7 +39,7 @@ type securityConfig struct {
 	backendKey        string
 
 	// Resolved by resolve.
-	keys          []proxy.APIKey
+	keys          []auth.APIKey
 	backendAPIKey fleet.Secret // of --backend-api-key-env; discovered backends get it too
 	serverTLS     *tls.Config  // nil: plain HTTP
 	clientTLS     *tls.Config  // nil: the system's roots, no client certificate
@@ -62,16 +64,16 @@ func (s *securityConfig) register(fs *flag.FlagSet) {
 // backend without a key of its own the --backend-api-key-env key.
 func (s *securityConfig) resolve(backends []*fleet.Backend) error {
 	for i, k := range s.apiKeys {
-		s.keys = append(s.keys, proxy.APIKey{Key: fleet.Secret(k), Name: fmt.Sprintf("key-%d", i+1)})
+		s.keys = append(s.keys, auth.APIKey{Key: fleet.Secret(k), Name: fmt.Sprintf("key-%d", i+1)})
 	}
 	if s.apiKeysFile != "" {
-		keys, err := proxy.LoadAPIKeys(s.apiKeysFile)
+		keys, err := auth.LoadAPIKeys(s.apiKeysFile)
 		if err != nil {
 			return err
 		}
 		s.keys = append(s.keys, keys...)
 	}
-	if err := proxy.CheckAPIKeys(s.keys); err != nil {
+	if err := auth.CheckAPIKeys(s.keys); err != nil {
 		return fmt.Errorf("API keys: %w", err)
 	}
 	if s.backendAPIKeyEnv != "" {
@@ -144,7 +146,7 @@ func (s *securityConfig) proxyConfig(cfg proxy.Config) proxy.Config {
 		MetricsElsewhere:  s.metricsListen != "",
 	}
 	if s.clientTLS != nil {
-		t := proxy.NewTransport()
+		t := upstream.NewTransport()
 		t.TLSClientConfig = s.clientTLS.Clone()
 		cfg.Transport = t
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/server"
+	"github.com/kvroute/kvroute/internal/upstream"
 )
 
 // serveConfig is what the serve flags decide.
@@ -211,7 +212,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	}
 	sc.Backends, sc.Fleet, sc.Policy, sc.Router, sc.Listen, sc.Logger = cfg.backends, cfg.fleet, cfg.policy, cfg.policyOpts, cfg.listen, log
 	cfg.security.fleetOptions(&sc.Fleet) // securityflags.go: TLS to the backends
-	t := proxy.NewTransport()
+	t := upstream.NewTransport()
 	t.DialContext = (&net.Dialer{Timeout: cfg.connectTimeout, KeepAlive: 30 * time.Second}).DialContext
 	sc.Proxy = cfg.security.proxyConfig(proxy.Config{SessionHeader: cfg.sessionHeader, Logger: log, Transport: t, StdlibUpstream: cfg.stdlibUpstream, NetConnIO: cfg.netConnIO,
 		Resilience: cfg.resilience, Overload: cfg.overload, Explain: cfg.explain})

@@ -34,6 +34,11 @@ const (
 	DefaultQueueTimeout = 30 * time.Second
 )
 
+// DefaultMaxPerBackend is the default cap of generation requests in flight
+// on one backend, past which a front queues them: vLLM's max_num_seqs, past
+// which an engine only queues.
+const DefaultMaxPerBackend = 256
+
 // Config configures a Controller. The zero value of each field means its
 // default.
 type Config struct {

@@ -30,7 +30,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/fleet"
-	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -60,10 +60,10 @@ const (
 // Defaults of Options.
 const (
 	// DefaultMaxBodyBytes bounds a request body, as the proxy does.
-	DefaultMaxBodyBytes = proxy.DefaultMaxBodyBytes
+	DefaultMaxBodyBytes = request.DefaultMaxBodyBytes
 	// DefaultMaxPerEndpoint is the proxy's per-backend cap: vLLM's
 	// max_num_seqs, past which an engine only queues.
-	DefaultMaxPerEndpoint = proxy.DefaultMaxPerBackend
+	DefaultMaxPerEndpoint = admission.DefaultMaxPerBackend
 	// chunkBytes bounds one StreamedBodyResponse: Envoy recommends at most
 	// 64 KiB; llm-d sends 62,000 bytes for a margin.
 	chunkBytes = 62_000
@@ -140,7 +140,7 @@ func New(opts Options) (*Picker, error) {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if opts.SessionHeader == "" {
-		opts.SessionHeader = proxy.DefaultSessionHeader
+		opts.SessionHeader = request.DefaultSessionHeader
 	}
 	q, err := admission.New(opts.Admission)
 	if err != nil {

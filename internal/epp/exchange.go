@@ -17,7 +17,7 @@ import (
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/openai"
-	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -185,7 +185,7 @@ func (x *exchange) decide(hasBody, eos bool) (done bool, err error) {
 	if !x.generation(hasBody) {
 		return x.decideByLoad(hasBody, eos)
 	}
-	g, e := proxy.ParseGeneration(x.path, x.body, x.header[strings.ToLower(x.p.opts.SessionHeader)])
+	g, e := request.ParseGeneration(x.path, x.body, x.header[strings.ToLower(x.p.opts.SessionHeader)])
 	if e != nil {
 		return true, x.refuse(e, "", "bad_request")
 	}
@@ -230,7 +230,7 @@ func (x *exchange) decide(hasBody, eos bool) (done bool, err error) {
 	// A Responses API stream ends with its usage (response.completed)
 	// and has no stream_options.
 	if g.Stream && !g.IncludeUsage && x.p.opts.IncludeUsage && x.path != "/v1/responses" {
-		body, _ = proxy.WithIncludeUsage(body)
+		body, _ = request.WithIncludeUsage(body)
 	}
 	list := x.p.destinations(t.Decision, room)
 	x.p.metrics.requests.WithLabelValues("routed").Inc()
@@ -243,14 +243,14 @@ func (x *exchange) decide(hasBody, eos bool) (done bool, err error) {
 func (x *exchange) decideByLoad(hasBody, eos bool) (bool, error) {
 	model := ""
 	if hasBody {
-		if g, e := proxy.ParseGeneration("/v1/completions", x.body, ""); e == nil {
+		if g, e := request.ParseGeneration("/v1/completions", x.body, ""); e == nil {
 			model = g.Request.Model
 		}
 	}
 	cands := x.candidates(model)
 	// A stored response (GET /v1/responses/{id}, its cancel, its input
 	// items) is known only to the endpoint that produced it.
-	if id := proxy.StoredResponseID(x.path); id != "" {
+	if id := request.StoredResponseID(x.path); id != "" {
 		if b := x.p.router.ResponseBackend(id); b != nil && slices.Contains(cands, b) {
 			x.p.metrics.requests.WithLabelValues("by_response").Inc()
 			return false, x.reply([]string{Address(b)}, x.body, hasBody, eos)
@@ -372,25 +372,17 @@ func (x *exchange) abandon() {
 	x.done()
 }
 
-// report tells the fleet how the attempt went, for outlier ejection, as
-// the proxy does; a stream cut without a status says nothing about the
-// endpoint (the client may have left).
+// report tells the fleet how the attempt went, for outlier ejection,
+// classified as the proxy classifies its answers (fleet.ResultOf); a stream
+// cut without a status says nothing about the endpoint (the client may have
+// left).
 func (p *Picker) report(t *router.Ticket, o router.Outcome, complete, timed bool) {
-	b := t.Backend
-	switch {
-	case o.Status == 0:
-	case o.Status == http.StatusTooManyRequests:
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultOverloaded})
-	case o.Status == http.StatusBadGateway, o.Status == http.StatusServiceUnavailable, o.Status == http.StatusGatewayTimeout:
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultGatewayError})
-	case o.Status >= 500:
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultServerError})
-	case complete && o.Status/100 == 2:
-		r := fleet.Result{Kind: fleet.ResultSuccess}
-		if timed {
-			r.TTFT, r.Predicted = o.TTFT, t.PredictedTTFT
-		}
-		p.fleet.Report(b, r)
+	var ttft, predicted time.Duration
+	if timed {
+		ttft, predicted = o.TTFT, t.PredictedTTFT
+	}
+	if r, ok := fleet.ResultOf(o.Status, complete, ttft, predicted); ok {
+		p.fleet.Report(t.Backend, r)
 	}
 }
 

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -142,6 +143,28 @@ type Result struct {
 	// Predicted what the routing policy expected it to be for this backend;
 	// zero when unknown. Both are needed for latency ejection.
 	TTFT, Predicted time.Duration
+}
+
+// ResultOf classifies an attempt that got an answer from the backend, for
+// Report: by its HTTP status (0: none came), and as a success only when the
+// response came whole (complete) with a 2xx. ttft and predicted go into a
+// success's Result (zero when the attempt was not timed). It reports false
+// when the answer says nothing of the backend's health (no status, a 4xx
+// the client caused, a response cut short).
+func ResultOf(status int, complete bool, ttft, predicted time.Duration) (Result, bool) {
+	switch {
+	case status == 0:
+		return Result{}, false
+	case status == http.StatusTooManyRequests:
+		return Result{Kind: ResultOverloaded}, true
+	case status == http.StatusBadGateway, status == http.StatusServiceUnavailable, status == http.StatusGatewayTimeout:
+		return Result{Kind: ResultGatewayError}, true
+	case status >= 500:
+		return Result{Kind: ResultServerError}, true
+	case complete && status/100 == 2:
+		return Result{Kind: ResultSuccess, TTFT: ttft, Predicted: predicted}, true
+	}
+	return Result{}, false
 }
 
 // reason is why a backend was ejected; its name is the metrics label.

@@ -9,7 +9,7 @@ import (
 	"net/url"
 	"sync/atomic"
 
-	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/upstream"
 )
 
 // maxBody bounds a request the front reads: the bench's are a few hundred
@@ -52,7 +52,7 @@ func NewStdlibFront(backends []string) (http.Handler, error) {
 			pr.Out.Body, pr.Out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 		},
 		FlushInterval: -1,
-		Transport:     proxy.NewTransport(),
+		Transport:     upstream.NewTransport(),
 	}, nil
 }
 

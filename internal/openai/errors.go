@@ -4,6 +4,7 @@ package openai
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 )
@@ -80,4 +81,76 @@ func (e *Error) AppendEvent(dst []byte) []byte {
 	dst = append(dst, "data: "...)
 	dst = append(dst, e.JSON()...)
 	return append(dst, "\n\n"...)
+}
+
+// Error codes the OpenAI-compatible fronts answer with in error.code, for the
+// client errors and server failures that are not a backend's own answer.
+const (
+	// CodeInvalidJSON is a body that is not the JSON object the endpoint
+	// takes.
+	CodeInvalidJSON = "invalid_json"
+	// CodeModelNotFound is a model no backend serves.
+	CodeModelNotFound = "model_not_found"
+	// CodeTooLarge is a body over the size limit.
+	CodeTooLarge = "request_too_large"
+	// CodeUnavailable is a 503: no backend can take the request now.
+	CodeUnavailable = "service_unavailable"
+	// CodeInternal is a 500 of the front itself.
+	CodeInternal = "internal_error"
+)
+
+// BadRequest is a 400 about the request field param ("" for the body as a
+// whole, which is then reported as invalid JSON).
+func BadRequest(param, format string, args ...any) *Error {
+	e := &Error{
+		Status:  http.StatusBadRequest,
+		Message: fmt.Sprintf(format, args...),
+		Type:    TypeInvalidRequest,
+		Param:   param,
+	}
+	if param == "" {
+		e.Code = CodeInvalidJSON
+	}
+	return e
+}
+
+// ModelNotFound is the 404 for a model no backend serves.
+func ModelNotFound(model string) *Error {
+	return &Error{
+		Status:  http.StatusNotFound,
+		Message: fmt.Sprintf("The model `%s` does not exist or no backend serves it.", model),
+		Type:    TypeInvalidRequest,
+		Param:   "model",
+		Code:    CodeModelNotFound,
+	}
+}
+
+// Unavailable is a 503: no backend can take the request now.
+func Unavailable(format string, args ...any) *Error {
+	return &Error{
+		Status:  http.StatusServiceUnavailable,
+		Message: fmt.Sprintf(format, args...),
+		Type:    TypeServer,
+		Code:    CodeUnavailable,
+	}
+}
+
+// TooLarge is the 413 for a body over limit bytes.
+func TooLarge(limit int64) *Error {
+	return &Error{
+		Status:  http.StatusRequestEntityTooLarge,
+		Message: fmt.Sprintf("request body is larger than %d bytes", limit),
+		Type:    TypeInvalidRequest,
+		Code:    CodeTooLarge,
+	}
+}
+
+// Internal is a 500: the front itself failed.
+func Internal(format string, args ...any) *Error {
+	return &Error{
+		Status:  http.StatusInternalServerError,
+		Message: fmt.Sprintf(format, args...),
+		Type:    TypeServer,
+		Code:    CodeInternal,
+	}
 }

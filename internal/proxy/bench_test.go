@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,12 +10,6 @@ import (
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/router"
-)
-
-// sink keeps results alive so the compiler cannot drop the work.
-var (
-	sink    any
-	intSink int
 )
 
 const benchReply = `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m",` +
@@ -103,44 +96,6 @@ func newBenchProxy(b *testing.B, backend string) (*Proxy, *httptest.Server) {
 		b.Fatal(err)
 	}
 	return p, httptest.NewServer(p)
-}
-
-// BenchmarkParseChat is the parse of a chat body into the request facts,
-// over conversation length.
-func BenchmarkParseChat(b *testing.B) {
-	turn := `{"role":"user","content":"` + strings.Repeat(`Tell me more about caching.\n`, 20) + `"},` +
-		`{"role":"assistant","content":"` + strings.Repeat(`Prefix caches keep KV blocks.\n`, 40) + `"}`
-	for _, turns := range []int{1, 8, 64} {
-		body := []byte(`{"model":"m","messages":[{"role":"system","content":"Be brief."},` +
-			strings.Repeat(turn+",", turns) + `{"role":"user","content":"Go on."}],"stream":true,"user":"u"}`)
-		b.Run(fmt.Sprintf("turns=%d", turns), func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(body)))
-			for b.Loop() {
-				g, e := parseGeneration(endpointChat, body, "")
-				if e != nil {
-					b.Fatal(e)
-				}
-				sink = g
-			}
-		})
-	}
-}
-
-// BenchmarkInspect is the scan of one streamed chunk.
-func BenchmarkInspect(b *testing.B) {
-	ev := []byte(`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n")
-	for _, hide := range []bool{false, true} {
-		b.Run("hide="+strconv.FormatBool(hide), func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(ev)))
-			s := eventScanner{hideUsage: hide}
-			for b.Loop() {
-				_, from, to := s.inspect(ev)
-				intSink = from + to
-			}
-		})
-	}
 }
 
 // firstOnly picks the first candidate and records nothing: the cheapest

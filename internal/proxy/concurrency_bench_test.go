@@ -17,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/upstream"
 )
 
 // stampedBackend streams events events per request, one every gap; each
@@ -141,7 +143,7 @@ func benchConcurrentStreams(b *testing.B, streams int, gap, spread time.Duration
 	}
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.FlushInterval = -1
-	rp.Transport = NewTransport()
+	rp.Transport = upstream.NewTransport()
 	ref := httptest.NewServer(rp)
 	defer ref.Close()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams}}

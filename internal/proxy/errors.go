@@ -2,28 +2,27 @@ package proxy
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 
 	"github.com/kvroute/kvroute/internal/openai"
 )
 
-// Error types and codes the proxy answers with. Client errors are OpenAI's
-// invalid_request_error; every 5xx is a server_error, its code saying which.
+// Error types and codes the proxy answers with, beside openai's. Client
+// errors are OpenAI's invalid_request_error; every 5xx is a server_error,
+// its code saying which.
 const (
-	typeInvalidRequest = "invalid_request_error"
-	typeServer         = "server_error"
+	typeInvalidRequest = openai.TypeInvalidRequest
+	typeServer         = openai.TypeServer
 
-	codeInvalidJSON        = "invalid_json"
-	codeModelNotFound      = "model_not_found"
+	codeInvalidJSON        = openai.CodeInvalidJSON
+	codeModelNotFound      = openai.CodeModelNotFound
 	codeUnknownURL         = "unknown_url"
 	codeMethodNotAllowed   = "method_not_allowed"
-	codeTooLarge           = "request_too_large"
-	codeUnavailable        = "service_unavailable"
+	codeTooLarge           = openai.CodeTooLarge
+	codeUnavailable        = openai.CodeUnavailable
 	codeBackendUnreachable = "backend_unreachable"
 	codeBackendError       = "backend_error"
-	codeInternal           = "internal_error"
 	codeBackendTimeout     = "backend_timeout"
 	codeRequestTimeout     = "request_timeout"
 )
@@ -33,77 +32,18 @@ const (
 // one type the emulator answers with too.
 type apiError = openai.Error
 
-// badRequest is a 400 about the request field param ("" for the body).
-func badRequest(param, format string, args ...any) *apiError {
-	e := &apiError{
-		Status:  http.StatusBadRequest,
-		Message: fmt.Sprintf(format, args...),
-		Type:    typeInvalidRequest,
-		Param:   param,
-	}
-	if param == "" {
-		e.Code = codeInvalidJSON
-	}
-	return e
-}
-
-func modelNotFound(model string) *apiError {
-	return &apiError{
-		Status:  http.StatusNotFound,
-		Message: fmt.Sprintf("The model `%s` does not exist or no backend serves it.", model),
-		Type:    typeInvalidRequest,
-		Param:   "model",
-		Code:    codeModelNotFound,
-	}
-}
-
-func unavailable(format string, args ...any) *apiError {
-	return &apiError{
-		Status:  http.StatusServiceUnavailable,
-		Message: fmt.Sprintf(format, args...),
-		Type:    typeServer,
-		Code:    codeUnavailable,
-	}
-}
-
-func tooLarge(limit int64) *apiError {
-	return &apiError{
-		Status:  http.StatusRequestEntityTooLarge,
-		Message: fmt.Sprintf("request body is larger than %d bytes", limit),
-		Type:    typeInvalidRequest,
-		Code:    codeTooLarge,
-	}
-}
-
-func unreachable(backend string, err error) *apiError {
-	return &apiError{
-		Status:  http.StatusBadGateway,
-		Message: fmt.Sprintf("backend %s is unreachable: %v", backend, err),
-		Type:    typeServer,
-		Code:    codeBackendUnreachable,
-	}
-}
-
-func backendFailed(backend string, err error) *apiError {
-	return &apiError{
-		Status:  http.StatusBadGateway,
-		Message: fmt.Sprintf("backend %s failed: %v", backend, err),
-		Type:    typeServer,
-		Code:    codeBackendError,
-	}
-}
-
-func internal(format string, args ...any) *apiError {
-	return &apiError{
-		Status:  http.StatusInternalServerError,
-		Message: fmt.Sprintf(format, args...),
-		Type:    typeServer,
-		Code:    codeInternal,
-	}
-}
-
 // writeError sends e as the whole response.
 func writeError(w http.ResponseWriter, e *apiError) { e.Write(w) }
+
+// notFound is the 404 of a path the proxy does not serve.
+func notFound(r *http.Request) *apiError {
+	return &apiError{
+		Status:  http.StatusNotFound,
+		Message: "Invalid URL (" + r.Method + " " + r.URL.Path + ")",
+		Type:    typeInvalidRequest,
+		Code:    codeUnknownURL,
+	}
+}
 
 // isDialError reports whether err means the connection to the backend was
 // never made (refused, unroutable, name not found, dial timeout): no byte of

@@ -1,46 +1,25 @@
 package proxy
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
+	"syscall"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
-)
-
-// reasonLeastRequest is the route of requests the proxy routes by load.
-const reasonLeastRequest = "least-request"
-
-// statusClientClosed is the status label of a request whose client went away
-// before the response was complete (nginx's 499).
-const statusClientClosed = "499"
-
-// endpoint is the kind of API call being served.
-type endpoint uint8
-
-// The endpoints. Generation endpoints are routed by the policy, by cache and
-// load; embeddings by load only; others to any backend serving the model.
-const (
-	endpointChat endpoint = iota
-	endpointCompletion
-	endpointEmbedding
-	endpointOther
-	endpointResponses // POST /v1/responses, routed as chat is
 )
 
 // call is one client request on its way to a backend.
 type call struct {
-	ep endpoint
+	ep request.Endpoint
 	// req is the request's facts; nil for the endpoints the policy does not
 	// route (embeddings and others), which are neither timed as
 	// generations nor reported to the policy.
@@ -67,6 +46,69 @@ type call struct {
 	model string
 }
 
+// forward sends c to a backend picked among cands and copies the response
+// back. An attempt that fails before anything reached the client (the
+// backend unreachable, its connection reset, a 429/502/503/504, no first
+// token in time) is retried on another candidate, within MaxAttempts and the
+// retry budget; once a byte reached the client the request is never resent.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands []*fleet.Backend) {
+	c.id = requestID(r)
+	p.traceCall(r, c) // tracing.go: model and session on the request's span
+	p.budget.start()
+	defer p.budget.active.Add(-1)
+	var last *failure
+	var lastTicket *router.Ticket
+	for n := 1; ; n++ {
+		t, e := p.tracedRoute(r.Context(), c, cands) // tracing.go: p.route in a span
+		if e != nil {
+			if last != nil {
+				p.giveUp(w, lastTicket, last, n-1)
+			} else {
+				p.rejectFor(w, e, c.model)
+			}
+			return
+		}
+		if n == 1 && !c.held && p.missesDeadline(w, t, c.deadline) {
+			return
+		}
+		more := n < p.res.MaxAttempts && len(cands) > 1
+		c.holdable = c.req != nil && !c.held
+		f, abort := p.attempt(w, r, c, t, more && p.budget.allows())
+		if abort {
+			// Headers are sent, the body is cut short: all that is left is to
+			// break the client's connection so it cannot take the truncated
+			// response for a complete one.
+			panic(http.ErrAbortHandler)
+		}
+		if f == nil {
+			return
+		}
+		last, lastTicket = f, t
+		cands = router.Without(cands, t.Backend)
+		if f.kind == "status" && f.status == http.StatusTooManyRequests && !more && c.holdable {
+			// Every backend this request could try is full for now: hold it
+			// for the Retry-After, once, then try those that are back.
+			if cands = p.hold(r, c, f); len(cands) == 0 {
+				p.giveUp(w, t, f, n)
+				return
+			}
+			p.metrics.retries.WithLabelValues(t.Backend.Name, "held").Inc()
+			n = 0
+			continue
+		}
+		// A refused connection loads no backend: its retry is free.
+		free := f.kind == "dial"
+		if !more || r.Context().Err() != nil || (!free && !p.budget.acquire()) {
+			p.giveUp(w, t, f, n)
+			return
+		}
+		c.retrying = !free
+		p.metrics.retries.WithLabelValues(t.Backend.Name, f.kind).Inc()
+		p.log.Warn("backend failed before answering, retrying on another",
+			"request_id", c.id, "backend", t.Backend.Name, "reason", f.kind, "status", f.status, "attempt", n, "err", f.err)
+	}
+}
+
 // route asks the policy for a backend for a chat or completion request, and
 // picks the least loaded one for other requests; either way the request is
 // counted there until its ticket is finished.
@@ -74,7 +116,7 @@ func (p *Proxy) route(c *call, cands []*fleet.Backend) (*router.Ticket, *apiErro
 	if c.req == nil {
 		t, err := p.byLoad.Route(&router.Request{Model: c.model}, cands)
 		if err != nil {
-			return nil, unavailable("no backend can take the request: %v", err)
+			return nil, openai.Unavailable("no backend can take the request: %v", err)
 		}
 		return t, nil
 	}
@@ -83,16 +125,21 @@ func (p *Proxy) route(c *call, cands []*fleet.Backend) (*router.Ticket, *apiErro
 	p.metrics.decision.Observe(p.now().Sub(t0).Seconds())
 	switch {
 	case errors.Is(err, router.ErrNoBackend):
-		return nil, unavailable("no backend can take the request: %v", err)
+		return nil, openai.Unavailable("no backend can take the request: %v", err)
 	case err != nil:
-		return nil, internal("routing policy %s failed: %v", p.router.Name(), err)
+		return nil, openai.Internal("routing policy %s failed: %v", p.router.Name(), err)
 	}
 	return t, nil
 }
 
+// reasonLeastRequest is the route of requests the proxy routes by load.
+const reasonLeastRequest = "least-request"
+
 // byLoad is the policy of the requests the proxy routes by load alone: the
 // candidate with the fewest requests in flight, uniformly at random among
 // ties so that an idle fleet spreads its load.
+// It is router.LeastRequest drawing on Config.Rand, which that policy's
+// constructor does not take.
 type byLoad struct{ rand func(int) int }
 
 func (byLoad) Name() string { return reasonLeastRequest }
@@ -105,272 +152,112 @@ func (l byLoad) Pick(_ *router.Request, cands []*fleet.Backend) (router.Decision
 	return router.Decision{Backend: b, Reason: reasonLeastRequest}, nil
 }
 
-// firstToken marks the first content of the response: the backend is done
-// with the prefill.
-func (a *attempt) firstToken() {
-	if a.first {
-		return
-	}
-	a.first = true
-	a.out.TTFT = a.p.now().Sub(a.start)
-	a.t.FirstToken()
-	a.wd.idle(a.p.res.StreamIdleTimeout)
+// failure is why an attempt got no answer that could go to the client:
+// nothing of it was sent, so another backend may take the request.
+type failure struct {
+	// kind is the metrics' reason: "dial", "reset", "timeout" or "status".
+	kind   string
+	status int // the backend's status, for "status"
+	// retryAfter is the backend's Retry-After, for a 429 or 503.
+	retryAfter time.Duration
+	err        error
 }
 
-func (a *attempt) setUsage(u usage) {
-	a.out.PromptTokens, a.out.CachedTokens, a.out.CompletionTokens = u.prompt, u.cached, u.completion
-}
-
-// finish releases the attempt's load and records its outcome: metrics, the
-// policy's feedback, the debug log line.
-func (a *attempt) finish(ctx context.Context) {
-	p, d, o := a.p, &a.t.Decision, &a.out
-	o.Latency = p.now().Sub(a.start)
-	a.report()
-	name, model := d.Backend.Name, cmp.Or(a.c.model, noBackend)
-	m := p.metrics
-	if a.status != "" {
-		m.requests.WithLabelValues(name, a.status, d.Reason, model).Inc()
-	}
-	if a.c.req != nil {
-		if a.complete && o.Status/100 == 2 {
-			if a.first {
-				m.ttft.WithLabelValues(name, model).Observe(o.TTFT.Seconds())
-			}
-			m.e2e.WithLabelValues(name, model).Observe(o.Latency.Seconds())
-		}
-		if o.CachedTokens >= 0 {
-			m.predicted.WithLabelValues(name).Add(float64(d.Cached))
-			m.reported.WithLabelValues(name).Add(float64(o.CachedTokens))
-		}
-		if o.PromptTokens >= 0 {
-			m.prompt.WithLabelValues(name).Add(float64(o.PromptTokens))
-		}
-	}
-	a.t.Finish(*o)
-	a.traceEnd() // tracing.go
-	if p.log.Enabled(ctx, slog.LevelDebug) {
-		p.log.LogAttrs(ctx, slog.LevelDebug, "request", slog.String("request_id", a.c.id),
-			slog.String("backend", name),
-			slog.String("reason", d.Reason),
-			slog.String("status", a.status),
-			slog.Int("predicted_prompt_tokens", a.t.Request().PromptTokens),
-			slog.Int("predicted_cached_tokens", d.Cached),
-			slog.Int("prompt_tokens", o.PromptTokens),
-			slog.Int("cached_tokens", o.CachedTokens),
-			slog.Int("completion_tokens", o.CompletionTokens),
-			slog.Any("scores", d.Scores),
-			slog.Duration("ttft", o.TTFT),
-			slog.Duration("latency", o.Latency))
-	}
-}
-
-// Non-streaming chat, completion and Responses API bodies are kept, up to maxCaptureBytes,
-// to read their usage; buffers that grew past maxPooledCapture are not
-// pooled.
-const (
-	maxCaptureBytes  = 8 << 20
-	maxPooledCapture = 1 << 20
-)
-
-var captures = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// copyBody copies a response that is not an event stream, as it arrives
-// (flushing after every write when its length is unknown, as a stream of
-// another kind may be). For a successful chat or completion response it
-// keeps a copy of the body and reads the usage from it at the end.
-func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response, body io.Reader) (readErr, writeErr error) {
-	bp := streamBufs.Get().(*[]byte)
-	defer streamBufs.Put(bp)
-	buf := *bp
-	var capture *bytes.Buffer
-	keep := a.c.req != nil && res.StatusCode/100 == 2
-	if keep {
-		capture = captures.Get().(*bytes.Buffer)
-		capture.Reset()
-		defer func() {
-			if capture.Cap() <= maxPooledCapture {
-				captures.Put(capture)
-			}
-		}()
-	}
-	flushEach := res.ContentLength < 0
-	rc := flusherOf(w)
-	for {
-		n, err := body.Read(buf)
-		if n > 0 {
-			a.firstToken()
-			if keep = keep && capture.Len()+n <= maxCaptureBytes; keep {
-				capture.Write(buf[:n])
-			}
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return nil, werr
-			}
-			if flushEach {
-				if werr := flush(rc); werr != nil {
-					return nil, werr
-				}
-			}
-		}
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return err, nil
-		}
-	}
-	if keep {
-		if u, ok := parseUsage(field(capture.Bytes(), "usage")); ok {
-			a.setUsage(u)
-		}
-		if a.c.ep == endpointResponses {
-			a.out.ResponseID = stringValue(field(capture.Bytes(), "id"))
-		}
-	}
-	return nil, nil
-}
-
-// upstreamRequest builds the request to backend b for the client's request
-// in, with body as its body, bound to ctx.
-func upstreamRequest(ctx context.Context, in *http.Request, b *fleet.Backend, body []byte) *http.Request {
-	u := *b.URL
-	u.Path = joinPath(b.URL.Path, in.URL.Path)
-	u.RawPath = ""
-	u.RawQuery = in.URL.RawQuery
-	u.Fragment = ""
-	// As http.NewRequestWithContext makes it, without parsing a URL and
-	// making a header only to replace them; the method was valid on the
-	// way in.
-	out := (&http.Request{Method: in.Method, URL: &u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1}).WithContext(ctx)
-	if len(body) > 0 {
-		out.Body, out.ContentLength = newUpstreamBody(body), int64(len(body))
-		// The transport may resend it on a stale connection.
-		out.GetBody = func() (io.ReadCloser, error) { return newUpstreamBody(body), nil }
-	}
-
-	out.Header = in.Header.Clone()
-	removeHopHeaders(out.Header)
-	if wantsTrailers(in.Header) {
-		out.Header.Set("Te", "trailers")
-	}
-	// The proxy reads usage from the bodies: ask for them uncompressed.
-	out.Header.Del("Accept-Encoding")
-	out.Header.Del("Content-Length")
-	out.Header.Del("Expect") // the body is here already
-	if _, ok := out.Header["User-Agent"]; !ok {
-		out.Header.Set("User-Agent", "") // not Go's default
-	}
-	if ip, _, err := net.SplitHostPort(in.RemoteAddr); err == nil {
-		if prior := out.Header.Values("X-Forwarded-For"); len(prior) > 0 {
-			ip = strings.Join(prior, ", ") + ", " + ip
-		}
-		out.Header.Set("X-Forwarded-For", ip)
-	}
-	// A kept-alive connection the backend closed while idle fails the
-	// request before the backend read it (llama-server closes them after 5
-	// s); the transport resends only requests it may repeat. This one it
-	// may: an empty key marks it so without sending the header.
-	_, key := out.Header["Idempotency-Key"]
-	_, xkey := out.Header["X-Idempotency-Key"]
-	if !key && !xkey {
-		out.Header["X-Idempotency-Key"] = nil
-	}
-	return out
-}
-
-// upstreamBody is the body of a request to a backend: in memory, which the
-// lean path writes as it is (writeRequest).
-type upstreamBody struct{ bytes.Reader }
-
-func newUpstreamBody(b []byte) *upstreamBody {
-	u := new(upstreamBody)
-	u.Reset(b)
-	return u
-}
-
-func (*upstreamBody) Close() error { return nil }
-
-// joinPath puts the request path under the backend URL's path prefix.
-func joinPath(prefix, path string) string {
-	prefix = strings.TrimSuffix(prefix, "/")
-	if prefix == "" {
-		return path
-	}
-	if !strings.HasPrefix(path, "/") {
-		path = "/" + path
-	}
-	return prefix + path
-}
-
-// hopHeaders are the hop-by-hop headers, as httputil.ReverseProxy lists
-// them: they concern one connection, not the request.
-var hopHeaders = []string{
-	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
-}
-
-// removeHopHeaders removes the hop-by-hop headers from h, and the headers
-// its Connection header names.
-func removeHopHeaders(h http.Header) {
-	for _, f := range h["Connection"] {
-		for sf := range strings.SplitSeq(f, ",") {
-			if sf = strings.TrimSpace(sf); sf != "" {
-				h.Del(sf)
-			}
-		}
-	}
-	for _, f := range hopHeaders {
-		h.Del(f)
-	}
-}
-
-func wantsTrailers(h http.Header) bool {
-	for _, v := range h["Te"] {
-		for t := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(t), "trailers") {
-				return true
-			}
-		}
+// retriableStatus reports whether a backend's status means it did not
+// serve the request and another may: overloaded (429), failed inside (500:
+// a generation is safe to repeat before its first byte, and a request that
+// fails everywhere fails within MaxAttempts), or a gateway in front of it,
+// or the server itself, unable to serve (502, 503, 504).
+func retriableStatus(code int) bool {
+	switch code {
+	case http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
 	}
 	return false
 }
 
-// The headers Config.Explain adds, for policies that predict: the prompt
-// tokens expected cached on the chosen backend, and the time to first token
-// expected there, in milliseconds.
-const (
-	HeaderPredictedCached = "X-Kvroute-Predicted-Cached"
-	HeaderPredictedTTFT   = "X-Kvroute-Predicted-Ttft-Ms"
-)
-
-func (p *Proxy) setRouteHeaders(w http.ResponseWriter, d *router.Decision) {
-	h := w.Header()
-	vv := []string{d.Backend.Name, d.Reason} // one allocation for both: never appended to
-	h[HeaderBackend], h[HeaderRoute] = vv[:1:1], vv[1:]
-	if p.explain && d.PredictedTTFT > 0 {
-		h.Set(HeaderPredictedCached, strconv.Itoa(d.Cached))
-		h.Set(HeaderPredictedTTFT, strconv.FormatFloat(float64(d.PredictedTTFT)/float64(time.Millisecond), 'f', 1, 64))
+// retryAfter reads a Retry-After header in seconds (the form inference
+// servers use); 0 when absent or not a number.
+func retryAfter(h http.Header) time.Duration {
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0 // and no error of Atoi's to allocate, as nearly every response
 	}
+	s, err := strconv.Atoi(v)
+	if err != nil || s <= 0 {
+		return 0
+	}
+	return time.Duration(min(s, 3600)) * time.Second
 }
 
-// isEventStream reports whether the content type ct is text/event-stream.
-func isEventStream(ct string) bool {
-	ct, _, _ = strings.Cut(ct, ";")
-	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
+// maxHold bounds how long a request whose every candidate answered 429 is
+// held for their Retry-After: past a few seconds the client is better told.
+const maxHold = 5 * time.Second
+
+// hold waits out f's Retry-After (1 s if it gave none, at most maxHold),
+// unless the client leaves or the proxy stops first, and returns the
+// candidates for c's model then; none if it did not wait.
+func (p *Proxy) hold(r *http.Request, c *call, f *failure) []*fleet.Backend {
+	c.held = true
+	wait := min(cmp.Or(f.retryAfter, backoffFor), maxHold) + 50*time.Millisecond // past the backoff's end
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+		return nil
+	case <-p.stop.Done():
+		return nil
+	}
+	return p.fleet.Candidates(nil, c.req.Model)
 }
 
-// statusLabel is the requests_total label of an HTTP status.
-func statusLabel(code int) string {
-	if code >= 100 && code < 100+len(statusLabels) {
-		return statusLabels[code-100] // strconv.Itoa would allocate one for every request
+// giveUp answers a request whose last attempt, at t's backend, failed with
+// f after n attempts in all.
+func (p *Proxy) giveUp(w http.ResponseWriter, t *router.Ticket, f *failure, n int) {
+	name := t.Backend.Name
+	e := &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeBackendError}
+	switch f.kind {
+	case "dial":
+		e.Code = codeBackendUnreachable
+		e.Message = "backend " + name + " is unreachable (" + describe(f.err) + ")"
+	case "timeout":
+		e.Status, e.Code = http.StatusGatewayTimeout, codeBackendTimeout
+		e.Message = "backend " + name + " did not answer in time: " + f.err.Error()
+	case "status":
+		e.Status = f.status
+		e.Message = "backend " + name + " answered " + strconv.Itoa(f.status) + " " + http.StatusText(f.status)
+		if f.status == http.StatusTooManyRequests {
+			e.Type, e.Code = typeRequests, codeRateLimited
+		}
+	default:
+		e.Message = "backend " + name + " failed before answering (" + describe(f.err) + ")"
 	}
-	return strconv.Itoa(code)
+	if n > 1 {
+		e.Message += " after " + strconv.Itoa(n) + " attempts"
+	}
+	if f.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((f.retryAfter+time.Second-1)/time.Second)))
+	}
+	p.log.Warn("request failed", "request_id", w.Header().Get(HeaderRequestID), "backend", name, "reason", f.kind, "status", e.Status, "attempts", n, "err", f.err)
+	p.metrics.requests.WithLabelValues(name, statusLabel(e.Status), t.Reason, cmp.Or(t.Request().Model, noBackend)).Inc()
+	p.setRouteHeaders(w, &t.Decision)
+	writeError(w, e)
 }
 
-// statusLabels are the labels of statuses 100 to 599.
-var statusLabels = func() (l [500]string) {
-	for i := range l {
-		l[i] = strconv.Itoa(100 + i)
+// describe names a connection error without the backend's address, which
+// clients are not told.
+func describe(err error) string {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection closed"
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, errFirstTokenTimeout), errors.Is(err, errIdleTimeout):
+		return "timed out"
+	case err == nil:
+		return "no answer"
 	}
-	return l
-}()
+	return "connection failed"
+}

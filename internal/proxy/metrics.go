@@ -3,13 +3,20 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/upstream"
 )
 
 // Label values for requests that never reached a backend, and of the model
 // label when the request named no model the fleet serves.
 const noBackend = "none"
+
+// statusClientClosed is the status label of a request whose client went away
+// before the response was complete (nginx's 499).
+const statusClientClosed = "499"
 
 // metrics are the proxy's Prometheus metrics, all named kvroute_*.
 type metrics struct {
@@ -25,7 +32,7 @@ type metrics struct {
 	timeouts  *prometheus.CounterVec // backend, kind
 	cut       *prometheus.CounterVec // backend, reason
 	deadline  prometheus.Counter
-	upstream  *prometheus.CounterVec // event: the lean path's connections (upstream.go)
+	upstream  *prometheus.CounterVec // event: the lean path's connections (internal/upstream)
 }
 
 // Buckets in seconds. TTFT runs from a cached short prompt (milliseconds) to
@@ -76,7 +83,7 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 		cut: counter("kvroute_responses_cut_total",
 			`Responses cut short after part of them reached the client, by reason: "read" (the backend failed), "first_token", "idle" or "shutdown". Streams end with an error event.`,
 			[]string{"backend", "reason"}),
-		upstream: newUpstreamCounter(),
+		upstream: upstream.NewConnCounter(),
 		deadline: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_deadline_refused_total",
 			Help: "Requests refused at once because the best backend's predicted time to first token missed their deadline."}),
 	}
@@ -130,6 +137,22 @@ func (m *metrics) initSeries(backend string) {
 		}
 	}
 }
+
+// statusLabel is the requests_total label of an HTTP status.
+func statusLabel(code int) string {
+	if code >= 100 && code < 100+len(statusLabels) {
+		return statusLabels[code-100] // strconv.Itoa would allocate one for every request
+	}
+	return strconv.Itoa(code)
+}
+
+// statusLabels are the labels of statuses 100 to 599.
+var statusLabels = func() (l [500]string) {
+	for i := range l {
+		l[i] = strconv.Itoa(100 + i)
+	}
+	return l
+}()
 
 // modelLabel is the model label of a request for model: the model if some
 // backend of the fleet serves it, else "none", so that clients cannot add

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/admission"
+	"github.com/kvroute/kvroute/internal/auth"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -20,7 +22,7 @@ type Overload struct {
 	// timeout); see the admission package.
 	Admission admission.Config
 	// MaxPerBackend is the most generation requests in flight on one
-	// backend (default DefaultMaxPerBackend; negative: no cap). Past it a
+	// backend (default admission.DefaultMaxPerBackend; negative: no cap). Past it a
 	// backend is not a candidate, and when every candidate is full the
 	// request waits in the router's queue, where it can still go to
 	// whichever backend frees first, rather than in one engine's queue.
@@ -29,10 +31,6 @@ type Overload struct {
 	// sets no X-Kvroute-Deadline; 0 means none.
 	DefaultDeadline time.Duration
 }
-
-// DefaultMaxPerBackend is vLLM's max_num_seqs: past 256 sequences an engine
-// only queues.
-const DefaultMaxPerBackend = 256
 
 // Request headers of admission.
 const (
@@ -51,10 +49,10 @@ const (
 func (p *Proxy) entry(r *http.Request, req *router.Request) (admission.Entry, *apiError) {
 	class, err := admission.ParseClass(r.Header.Get(admission.HeaderPriority))
 	if err != nil {
-		return admission.Entry{}, badRequest("", "header %s: %v", admission.HeaderPriority, err)
+		return admission.Entry{}, openai.BadRequest("", "header %s: %v", admission.HeaderPriority, err)
 	}
 	tenant := r.Header.Get(admission.HeaderTenant)
-	if key, ok := KeyFromContext(r.Context()); ok {
+	if key, ok := auth.KeyFromContext(r.Context()); ok {
 		keyClass := admission.Standard
 		switch {
 		case key.Priority > 0:
@@ -71,7 +69,7 @@ func (p *Proxy) entry(r *http.Request, req *router.Request) (admission.Entry, *a
 	if s := r.Header.Get(HeaderDeadline); s != "" {
 		d, err := parseDeadline(s)
 		if err != nil {
-			return admission.Entry{}, badRequest("", "header %s: %v", HeaderDeadline, err)
+			return admission.Entry{}, openai.BadRequest("", "header %s: %v", HeaderDeadline, err)
 		}
 		deadline = d
 	}
@@ -162,28 +160,3 @@ const waitRetry = "1"
 // backoffFor is how long a backend that answered 429 without a Retry-After
 // is avoided.
 const backoffFor = time.Second
-
-// report tells the fleet how an attempt went, for outlier ejection and
-// backoff.
-func (a *attempt) report() {
-	p, b, o := a.p, a.t.Backend, &a.out
-	switch {
-	case a.status == statusClientClosed:
-	case a.fail == "timeout":
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultTimeout})
-	case a.fail != "":
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultGatewayError})
-	case o.Status == http.StatusTooManyRequests:
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultOverloaded})
-	case o.Status == http.StatusBadGateway, o.Status == http.StatusServiceUnavailable, o.Status == http.StatusGatewayTimeout:
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultGatewayError})
-	case o.Status >= 500:
-		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultServerError})
-	case a.complete && o.Status/100 == 2:
-		r := fleet.Result{Kind: fleet.ResultSuccess}
-		if a.c.stream && a.first {
-			r.TTFT, r.Predicted = o.TTFT, a.t.PredictedTTFT
-		}
-		p.fleet.Report(b, r)
-	}
-}

@@ -18,15 +18,12 @@ package proxy
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,7 +38,10 @@ import (
 
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/upstream"
 )
 
 // Response headers that explain each routed request.
@@ -52,13 +52,12 @@ const (
 	HeaderRoute = "X-Kvroute-Route"
 )
 
-// Defaults of Config.
+// The headers Config.Explain adds, for policies that predict: the prompt
+// tokens expected cached on the chosen backend, and the time to first token
+// expected there, in milliseconds.
 const (
-	// DefaultSessionHeader is the request header that carries a session key.
-	DefaultSessionHeader = "X-Session-ID"
-	// DefaultMaxBodyBytes bounds a request body: 32 MiB, room for a long
-	// context with images.
-	DefaultMaxBodyBytes = 32 << 20
+	HeaderPredictedCached = "X-Kvroute-Predicted-Cached"
+	HeaderPredictedTTFT   = "X-Kvroute-Predicted-Ttft-Ms"
 )
 
 // Fleet is what the proxy needs of the fleet of backends. Implementations
@@ -96,12 +95,12 @@ type Config struct {
 	Router *router.Router
 	// SessionHeader is the request header that carries a session key; it
 	// takes precedence over the body's prompt_cache_key and user. Empty
-	// means DefaultSessionHeader.
+	// means request.DefaultSessionHeader.
 	SessionHeader string
 	// Transport carries requests to the backends. Nil means a transport
 	// tuned for many concurrent long streams to a few hosts (see
-	// NewTransport). Plain-http requests through an *http.Transport go by
-	// the lean path (upstream.go) unless StdlibUpstream is set.
+	// upstream.NewTransport). Plain-http requests through an *http.Transport
+	// go by the lean path (upstream.Lean) unless StdlibUpstream is set.
 	Transport http.RoundTripper
 	// StdlibUpstream sends every request through Transport as it is, not
 	// the lean path: the fallback should the lean path misbehave with some
@@ -128,7 +127,7 @@ type Config struct {
 	// math/rand/v2.IntN.
 	Rand func(n int) int
 	// MaxBodyBytes bounds a request body; larger ones get 413. Zero means
-	// DefaultMaxBodyBytes.
+	// request.DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 	// Resilience sets the timeouts and retries of requests to backends.
 	Resilience Resilience
@@ -186,7 +185,8 @@ type Proxy struct {
 
 var _ http.Handler = (*Proxy)(nil)
 
-// New returns a Proxy for cfg.
+// New returns a Proxy for cfg. It is long only because it takes Config's
+// fields one by one, each with its default or registration.
 func New(cfg Config) (*Proxy, error) {
 	if cfg.Fleet == nil {
 		return nil, errors.New("proxy: Config.Fleet is required")
@@ -200,7 +200,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{
 		fleet:         cfg.Fleet,
 		router:        cfg.Router,
-		sessionHeader: http.CanonicalHeaderKey(cmp.Or(cfg.SessionHeader, DefaultSessionHeader)), // else Header.Get makes it, every request
+		sessionHeader: http.CanonicalHeaderKey(cmp.Or(cfg.SessionHeader, request.DefaultSessionHeader)), // else Header.Get makes it, every request
 		transport:     cfg.Transport,
 		log:           cfg.Logger,
 		now:           cfg.Now,
@@ -209,11 +209,10 @@ func New(cfg Config) (*Proxy, error) {
 		explain:       cfg.Explain,
 	}
 	if p.transport == nil {
-		p.transport = NewTransport()
+		p.transport = upstream.NewTransport()
 	}
 	if t, ok := p.transport.(*http.Transport); ok && !cfg.StdlibUpstream {
-		if lean := newLeanTransport(t); lean != nil {
-			lean.raw = !cfg.NetConnIO
+		if lean := upstream.NewLean(t, !cfg.NetConnIO); lean != nil {
 			p.transport = lean
 		}
 	}
@@ -227,7 +226,7 @@ func New(cfg Config) (*Proxy, error) {
 		p.rand = rand.IntN
 	}
 	if p.maxBody == 0 {
-		p.maxBody = DefaultMaxBodyBytes
+		p.maxBody = request.DefaultMaxBodyBytes
 	}
 	p.byLoad = router.NewRouter(byLoad{rand: p.rand}, nil)
 	p.res = cfg.Resilience.withDefaults()
@@ -238,7 +237,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.over = cfg.Overload
 	if p.over.MaxPerBackend == 0 {
-		p.over.MaxPerBackend = DefaultMaxPerBackend
+		p.over.MaxPerBackend = admission.DefaultMaxPerBackend
 	}
 	reg := cfg.Registerer
 	if reg == nil {
@@ -252,8 +251,8 @@ func New(cfg Config) (*Proxy, error) {
 	if p.metrics, err = newMetrics(reg, cfg.Fleet); err != nil {
 		return nil, err
 	}
-	if lean, ok := p.transport.(*leanTransport); ok {
-		lean.countOn(p.metrics.upstream)
+	if lean, ok := p.transport.(*upstream.Lean); ok {
+		lean.CountOn(p.metrics.upstream)
 	}
 	// A fleet that reports on its backends (health, ejections) has its
 	// metrics served beside the proxy's.
@@ -282,35 +281,6 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
-// NewTransport returns the default transport to the backends: idle
-// connections kept for many concurrent streams to few hosts, a short dial
-// timeout (a refused or unroutable backend is retried elsewhere), no
-// response-header timeout (a non-streaming generation sends its headers
-// only when it is done), no proxy from the environment (backends are
-// internal), no compression (the proxy reads usage from the bodies, and
-// LLM traffic is small next to its compute), and idle connections dropped
-// before the backends drop them (below).
-func NewTransport() *http.Transport {
-	return &http.Transport{
-		DialContext: (&net.Dialer{
-			Timeout:   3 * time.Second,
-			KeepAlive: 30 * time.Second,
-		}).DialContext,
-		ForceAttemptHTTP2:   true,
-		MaxIdleConns:        0, // no limit overall; per host below
-		MaxIdleConnsPerHost: 1024,
-		// Below the 5 s keep-alive of uvicorn (vLLM, SGLang) and
-		// cpp-httplib (llama-server): a server that closes an idle
-		// connection just as the proxy reuses it fails that request, and a
-		// POST is not replayed.
-		IdleConnTimeout:     4 * time.Second,
-		TLSHandshakeTimeout: 10 * time.Second,
-		DisableCompression:  true,
-		ReadBufferSize:      8 << 10,
-		WriteBufferSize:     8 << 10,
-	}
-}
-
 // ServeHTTP routes r to its endpoint.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tagRequest(w, r) // requestid.go: X-Request-Id
@@ -323,19 +293,19 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch path {
 	case "/v1/chat/completions":
 		if p.allow(w, r, http.MethodPost) {
-			p.serveGeneration(w, r, endpointChat)
+			p.serveGeneration(w, r, request.Chat)
 		}
 	case "/v1/completions":
 		if p.allow(w, r, http.MethodPost) {
-			p.serveGeneration(w, r, endpointCompletion)
+			p.serveGeneration(w, r, request.Completion)
 		}
 	case "/v1/responses":
 		if p.allow(w, r, http.MethodPost) {
-			p.serveGeneration(w, r, endpointResponses)
+			p.serveGeneration(w, r, request.Responses)
 		}
 	case "/v1/embeddings":
 		if p.allow(w, r, http.MethodPost) {
-			p.serveByLoad(w, r, endpointEmbedding)
+			p.serveByLoad(w, r, request.Embedding)
 		}
 	case "/v1/models":
 		if p.allow(w, r, http.MethodGet, http.MethodHead) {
@@ -361,19 +331,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	default:
 		if strings.HasPrefix(path, "/v1/") {
-			p.serveByLoad(w, r, endpointOther)
+			p.serveByLoad(w, r, request.Other)
 		} else {
 			p.reject(w, notFound(r))
 		}
-	}
-}
-
-func notFound(r *http.Request) *apiError {
-	return &apiError{
-		Status:  http.StatusNotFound,
-		Message: "Invalid URL (" + r.Method + " " + r.URL.Path + ")",
-		Type:    typeInvalidRequest,
-		Code:    codeUnknownURL,
 	}
 }
 
@@ -409,217 +370,36 @@ func writeText(w http.ResponseWriter, status int, body string) {
 	_, _ = io.WriteString(w, body)
 }
 
-// serveModels answers GET /v1/models with the models the fleet serves.
-func (p *Proxy) serveModels(w http.ResponseWriter) {
-	models := slices.Clone(p.fleet.Models())
-	slices.Sort(models)
-	models = slices.Compact(models)
-	b := make([]byte, 0, 64+80*len(models))
-	b = append(b, `{"object":"list","data":[`...)
-	for i, m := range models {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		id, _ := json.Marshal(m) // a string: cannot fail
-		b = append(b, `{"id":`...)
-		b = append(b, id...)
-		b = append(b, `,"object":"model","created":`...)
-		b = strconv.AppendInt(b, p.created, 10)
-		b = append(b, `,"owned_by":"kvroute"}`...)
+func (p *Proxy) setRouteHeaders(w http.ResponseWriter, d *router.Decision) {
+	h := w.Header()
+	vv := []string{d.Backend.Name, d.Reason} // one allocation for both: never appended to
+	h[HeaderBackend], h[HeaderRoute] = vv[:1:1], vv[1:]
+	if p.explain && d.PredictedTTFT > 0 {
+		h.Set(HeaderPredictedCached, strconv.Itoa(d.Cached))
+		h.Set(HeaderPredictedTTFT, strconv.FormatFloat(float64(d.PredictedTTFT)/float64(time.Millisecond), 'f', 1, 64))
 	}
-	b = append(b, "]}\n"...)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(b)
-}
-
-// maxPrealloc bounds the buffer allocated for a request body before its
-// bytes arrive.
-const maxPrealloc = 1 << 20
-
-// readBody reads r's body, at most p.maxBody bytes.
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
-	if r.ContentLength > p.maxBody {
-		return nil, tooLarge(p.maxBody)
-	}
-	// Size the buffer by the declared length, but only up to a bound: a
-	// client that declares 32 MiB and sends nothing must not cost 32 MiB.
-	size := r.ContentLength
-	if size < 0 || size > maxPrealloc {
-		size = min(maxPrealloc, p.maxBody)
-	}
-	// A body sent a byte a second must not hold a connection for ever. The
-	// deadline is lifted once the body is in (a response may stream for
-	// minutes), and kept when it is not: the connection is then closed
-	// after the answer rather than read on.
-	deadline := p.res.BodyReadTimeout > 0 && setReadDeadline(w, time.Now().Add(p.res.BodyReadTimeout)) == nil
-	// A byte of room past the declared length reads the end without
-	// growing the buffer.
-	body, err := readAll(make([]byte, 0, size+1), http.MaxBytesReader(w, r.Body, p.maxBody))
-	if err == nil && deadline {
-		_ = setReadDeadline(w, time.Time{})
-	}
-	if err != nil {
-		w.Header().Set("Connection", "close")
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			return nil, tooLarge(p.maxBody)
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, &apiError{Status: http.StatusRequestTimeout, Type: typeInvalidRequest, Code: codeRequestTimeout,
-				Message: fmt.Sprintf("the request body did not arrive within %v", p.res.BodyReadTimeout)}
-		}
-		return nil, badRequest("", "could not read request body: %v", err)
-	}
-	return body, nil
-}
-
-// readAll appends what r reads to b until r's end, growing b only when it
-// is full: io.ReadAll with the first buffer given.
-func readAll(b []byte, r io.Reader) ([]byte, error) {
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
-	}
-}
-
-// setReadDeadline is http.ResponseController's, without its allocation when
-// w is net/http's own writer, as it is for every request without tracing.
-func setReadDeadline(w http.ResponseWriter, t time.Time) error {
-	if d, ok := w.(interface{ SetReadDeadline(time.Time) error }); ok {
-		return d.SetReadDeadline(t)
-	}
-	return http.NewResponseController(w).SetReadDeadline(t)
-}
-
-// candidates returns the healthy backends that serve model, appended to dst,
-// or the error that explains why there are none: no backend serves the
-// model (404), or those that do are all down, or the fleet is not ready yet
-// (503).
-func (p *Proxy) candidates(w http.ResponseWriter, model string) ([]*fleet.Backend, *apiError) {
-	cands := p.fleet.Candidates(nil, model)
-	if len(cands) > 0 {
-		return cands, nil
-	}
-	if len(p.fleet.Backends()) > 0 {
-		// A health check's round may bring one back.
-		w.Header().Set("Retry-After", waitRetry)
-	}
-	for _, b := range p.fleet.Backends() {
-		if b.Info().Serves(model) {
-			return nil, unavailable("no healthy backend serves the model `%s`", model)
-		}
-	}
-	if !p.fleet.Ready() {
-		return nil, unavailable("no backend is ready")
-	}
-	return nil, modelNotFound(model)
-}
-
-// serveGeneration serves a chat, completion or Responses API request:
-// parse, route by the policy, forward.
-func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep endpoint) {
-	body, e := p.readBody(w, r)
-	if e != nil {
-		p.reject(w, e)
-		return
-	}
-	g, e := parseGeneration(ep, body, r.Header.Get(p.sessionHeader))
-	if e != nil {
-		p.reject(w, e)
-		return
-	}
-	g.req.Body = body // for a policy that has the backend tokenize it
-	// One estimate of the prompt's tokens for the rate limit, admission,
-	// the policy and the load accounting.
-	p.router.Estimate(&g.req)
-	if e := p.chargeTokens(w, r, &g.req); e != nil { // security.go: tokens per minute
-		p.rejectFor(w, e, g.req.Model)
-		return
-	}
-	entry, e := p.entry(r, &g.req)
-	if e != nil {
-		p.rejectFor(w, e, g.req.Model)
-		return
-	}
-	c := &call{ep: ep, req: &g.req, body: body, stream: g.stream, deadline: entry.Deadline, model: g.req.Model}
-	if g.stream && !g.includeUsage && ep != endpointResponses {
-		// Ask for the usage chunk so that the router learns what the
-		// backend had cached; the client will not see it. (A Responses
-		// API stream always ends with its usage, in response.completed.)
-		c.body, c.hideUsage = withIncludeUsage(body)
-	}
-	cands, e := p.candidates(w, g.req.Model)
-	if e != nil {
-		p.rejectFor(w, e, g.req.Model)
-		return
-	}
-	cands, release, ok := p.admitGeneration(w, r, entry, cands, g.req.Model)
-	if !ok {
-		return
-	}
-	defer release()
-	p.forward(w, r, c, cands)
-}
-
-// serveByLoad serves embeddings and the other /v1 endpoints: routed to the
-// least loaded healthy backend that serves the body's model. Embeddings must
-// name a model; other endpoints fall back to any healthy backend.
-func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep endpoint) {
-	body, e := p.readBody(w, r)
-	if e != nil {
-		p.reject(w, e)
-		return
-	}
-	var cands []*fleet.Backend
-	model := "" // the model label: a model the candidates serve
-	if ep == endpointEmbedding {
-		obj, e := jsonObject(body)
-		if e != nil {
-			p.reject(w, e)
-			return
-		}
-		model, e := modelName(field(obj, "model"))
-		if e != nil {
-			p.reject(w, e)
-			return
-		}
-		if cands, e = p.candidates(w, model); e != nil {
-			p.rejectFor(w, e, model)
-			return
-		}
-	} else {
-		if model = bodyModel(body); model != "" {
-			cands = p.fleet.Candidates(nil, model)
-		}
-		if len(cands) == 0 {
-			model = ""
-			cands = p.fleet.Healthy(nil)
-		}
-		if len(cands) == 0 {
-			p.reject(w, unavailable("no healthy backend"))
-			return
-		}
-		// A stored response (an operator allowed /v1/responses/) is known
-		// only to the backend that produced it.
-		if b := p.router.ResponseBackend(StoredResponseID(r.URL.Path)); b != nil && slices.Contains(cands, b) {
-			cands = []*fleet.Backend{b}
-		}
-	}
-	p.forward(w, r, &call{ep: ep, body: body, model: model}, cands)
 }
 
 // Drain makes /readyz answer 503 from now on, so that the load balancer in
 // front stops sending new requests; the proxy still serves what comes.
 func (p *Proxy) Drain() { p.draining.Store(true) }
+
+func (p *Proxy) notReady() *apiError {
+	if p.draining.Load() {
+		return openai.Unavailable("kvroute is draining")
+	}
+	return openai.Unavailable("no backend is ready")
+}
+
+// Stop ends every request still in flight: a stream under way ends with an
+// error event, a request not yet answered gets 503. Requests that come after
+// get the same 503 at once. Call it when the shutdown grace has run out.
+func (p *Proxy) Stop() {
+	p.stopAll()
+	for i := range p.stopShards {
+		p.stopShards[i].stop()
+	}
+}
 
 // stopShardCount is the number of stopShards: more than the cores that
 // contend for them.
@@ -665,23 +445,6 @@ func (s *stopShard) stop() {
 	for a := range s.live {
 		a.cancel(errShutdown)
 	}
-}
-
-// Stop ends every request still in flight: a stream under way ends with an
-// error event, a request not yet answered gets 503. Requests that come after
-// get the same 503 at once. Call it when the shutdown grace has run out.
-func (p *Proxy) Stop() {
-	p.stopAll()
-	for i := range p.stopShards {
-		p.stopShards[i].stop()
-	}
-}
-
-func (p *Proxy) notReady() *apiError {
-	if p.draining.Load() {
-		return unavailable("kvroute is draining")
-	}
-	return unavailable("no backend is ready")
 }
 
 // Registerer is where the proxy's metrics are registered: its own registry

@@ -19,8 +19,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/internal/auth"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -340,7 +342,7 @@ func TestSessionHeader(t *testing.T) {
 	_, px := newTestProxy(t, newFakeFleet(testBackend(t, 0, "b0", be.URL, "m")), pol,
 		func(c *Config) { c.SessionHeader = "X-Conversation" })
 	body := `{"model":"m","messages":[{"role":"user","content":"x"}],"user":"u"}`
-	post(t, px.URL, "/v1/chat/completions", body, "X-Conversation", "conv-1", DefaultSessionHeader, "ignored")
+	post(t, px.URL, "/v1/chat/completions", body, "X-Conversation", "conv-1", request.DefaultSessionHeader, "ignored")
 	if got := pol.lastRequest(t).SessionKey; got != "conv-1" {
 		t.Errorf("SessionKey = %q, want the configured header's", got)
 	}
@@ -518,7 +520,7 @@ func TestBadInput(t *testing.T) {
 	_, px := newTestProxy(t, f, newFirstPolicy(), func(c *Config) {
 		c.MaxBodyBytes = 1024
 		c.Now = func() time.Time { return at }
-		c.Security.APIKeys = []APIKey{{Key: "good", Name: "good"}, {Key: "spent", Name: "spent", RPM: 1}, {Key: "small", Name: "small", TPM: 4}}
+		c.Security.APIKeys = []auth.APIKey{{Key: "good", Name: "good"}, {Key: "spent", Name: "spent", RPM: 1}, {Key: "small", Name: "small", TPM: 4}}
 	})
 	// Every request carries the good key but for the cases about keys.
 	auth := map[string]string{"missing key": "", "wrong key": "Bearer nope", "key not bearer": "Basic Z29vZA==",

@@ -15,6 +15,9 @@ import (
 	"github.com/kvroute/kvroute/internal/fleet"
 )
 
+// These tests push streams through the proxy: the lean path's push
+// (internal/upstream) into the event copy (internal/sse).
+
 // rawBackend answers every request on a connection with the bytes it was
 // given, written a piece at a time so that the proxy's reads split them
 // anywhere: a chunked stream as no net/http server would cut it.
@@ -117,9 +120,6 @@ func TestPushedStreamSplitAnywhere(t *testing.T) {
 			rb := newRawBackend(t, splitBody, piece, false)
 			b0 := testBackend(t, 0, "b0", rb.url, "m")
 			p, px := newTestProxy(t, newFakeFleet(b0), newFirstPolicy(), func(c *Config) { c.NetConnIO = netConn })
-			if leanOf(t, p).raw == netConn {
-				t.Fatalf("raw %v with NetConnIO %v", leanOf(t, p).raw, netConn)
-			}
 			for range 2 {
 				res, body := post(t, px.URL, "/v1/chat/completions", streamBody)
 				if res.StatusCode != 200 || body != evHi+evThere+evDone {
@@ -133,7 +133,7 @@ func TestPushedStreamSplitAnywhere(t *testing.T) {
 			if n := rb.conns.Load(); n != 1 {
 				t.Errorf("%d connections to the backend, want 1", n)
 			}
-			if n := leanOf(t, p).idleCount(); n != 1 {
+			if n := leanOf(t, p).IdleConns(); n != 1 {
 				t.Errorf("%d idle connections pooled, want 1", n)
 			}
 		})
@@ -174,140 +174,9 @@ func TestPushedStreamBreaksOff(t *testing.T) {
 				t.Errorf("then %q, want the end marker", ev)
 			}
 			px.await(t)
-			if n := leanOf(t, p).idleCount(); n != 0 {
+			if n := leanOf(t, p).IdleConns(); n != 0 {
 				t.Errorf("%d idle connections pooled, want 0", n)
 			}
 		})
 	}
 }
-
-// recordSink keeps what is pushed to it, through a small buffer (16 bytes
-// unless size is set).
-type recordSink struct {
-	buf  [4096]byte
-	size int // of the buffer it offers: 16 unless set
-	got  []byte
-	reqs int
-	more bool // the last took's
-}
-
-func (s *recordSink) space() ([]byte, error) {
-	s.reqs++
-	if s.size == 0 {
-		return s.buf[:16], nil
-	}
-	return s.buf[:s.size], nil
-}
-
-func (s *recordSink) took(n int, more bool) error {
-	s.got = append(s.got, s.buf[:n]...)
-	s.more = more
-	return nil
-}
-
-// A lean chunked body pushes itself, bytes buffered with the headers first;
-// one already read from does not.
-func TestLeanBodyPush(t *testing.T) {
-	rb := newRawBackend(t, splitBody, 1000, false)
-	lt := newLeanTransport(NewTransport())
-	defer lt.CloseIdleConnections()
-	roundTrip := func() *http.Response {
-		req, _ := http.NewRequest(http.MethodPost, rb.url+"/v1/chat/completions", strings.NewReader(streamBody))
-		res, err := lt.RoundTrip(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res
-	}
-	res := roundTrip()
-	s := recordSink{size: 4096} // the whole body in one read
-	ok, err := res.Body.(pusher).push(&s)
-	if !ok || err != nil {
-		t.Fatalf("push: ok %v, err %v", ok, err)
-	}
-	if string(s.got) != evHi+evThere+evDone || res.Trailer.Get("X-Backend-Ttft") != "7" {
-		t.Fatalf("pushed %q, trailers %v", s.got, res.Trailer)
-	}
-	if !s.more {
-		// The response's end follows at once: a flush of the last bytes
-		// would be a write of their own.
-		t.Error("the body's last bytes were pushed without more, as if a flush were due")
-	}
-	if n := lt.idleCount(); n != 1 {
-		t.Errorf("%d idle connections after a pushed body, want 1", n)
-	}
-	res = roundTrip()
-	defer res.Body.Close()
-	if _, err := res.Body.Read(make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
-	if ok, _ := res.Body.(pusher).push(&s); ok {
-		t.Error("a body already read from pushed itself")
-	}
-}
-
-// piecePusher pushes its pieces, each as one read, the flag more set on
-// those that are not a read's last.
-type piecePusher struct {
-	pieces []string
-	more   []bool
-}
-
-var _ pusher = (*piecePusher)(nil)
-
-func (pp *piecePusher) push(s byteSink) (bool, error) {
-	for i, piece := range pp.pieces {
-		for piece != "" {
-			p, err := s.space()
-			if err != nil {
-				return true, err
-			}
-			k := copy(p, piece)
-			piece = piece[k:]
-			if err := s.took(k, pp.more[i] || piece != ""); err != nil {
-				return true, err
-			}
-		}
-	}
-	return true, nil
-}
-
-// A pushed stream goes through copyEvents whole, even pieces that split an
-// event or outgrow the buffer, and the events of pieces that say more are
-// waiting share the next flush.
-func TestCopyEventsPushed(t *testing.T) {
-	big := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 3*streamBufBytes) + "\"}}]}\n\n"
-	tests := []struct {
-		name    string
-		pieces  []string
-		more    []bool
-		flushes int
-	}{
-		{name: "an event a read", pieces: []string{evHi, evThere, evDone}, more: []bool{false, false, false}, flushes: 3},
-		{name: "split events", pieces: []string{evHi[:7], evHi[7:] + evThere[:3], evThere[3:], evDone}, more: []bool{false, false, false, false}, flushes: 3},
-		{name: "more waiting", pieces: []string{evHi, evThere, evDone}, more: []bool{true, false, false}, flushes: 2},
-		// The end's last event goes out with the response's end, unflushed.
-		{name: "no blank line at the end", pieces: []string{evHi, "data: [DONE]"}, more: []bool{false, false}, flushes: 1},
-		{name: "larger than the buffer", pieces: []string{evHi, big[:100], big[100:], evDone}, more: []bool{false, false, false, false}, flushes: 3},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			w := &countingWriter{header: http.Header{}}
-			sc := eventScanner{usage: noUsage}
-			src := &piecePusher{pieces: tt.pieces, more: tt.more}
-			rerr, werr := copyEvents(w, src, &sc, nil)
-			if rerr != nil || werr != nil {
-				t.Fatalf("copy: %v, %v", rerr, werr)
-			}
-			if want := strings.Join(tt.pieces, ""); w.body.String() != want {
-				t.Errorf("forwarded %d bytes, want %d", w.body.Len(), len(want))
-			}
-			if w.flushes != tt.flushes {
-				t.Errorf("%d flushes, want %d", w.flushes, tt.flushes)
-			}
-		})
-	}
-}
-
-// piecePusher is also a Reader, which copyEvents must not use.
-func (pp *piecePusher) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }

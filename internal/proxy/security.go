@@ -1,15 +1,19 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/internal/auth"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -20,7 +24,7 @@ import (
 type Security struct {
 	// APIKeys are the client keys. Empty means no authentication (logged
 	// as a warning once, at New).
-	APIKeys []APIKey
+	APIKeys []auth.APIKey
 	// ForwardClientAuth sends the client's Authorization, Cookie and
 	// Proxy-Authorization headers to the backends. Off, they are removed:
 	// they are the client's credentials for the proxy, not the backends'.
@@ -36,7 +40,7 @@ type Security struct {
 
 // security is Security at run time.
 type security struct {
-	keys             keyRing
+	keys             auth.Ring
 	rules            []pathRule
 	forwardAuth      bool
 	metricsElsewhere bool
@@ -54,11 +58,11 @@ const (
 )
 
 func newSecurity(s Security, reg prometheus.Registerer, log *slog.Logger) (*security, error) {
-	if err := CheckAPIKeys(s.APIKeys); err != nil {
+	if err := auth.CheckAPIKeys(s.APIKeys); err != nil {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	sec := &security{
-		keys:             newKeyRing(s.APIKeys),
+		keys:             auth.NewRing(s.APIKeys),
 		rules:            defaultRules,
 		forwardAuth:      s.ForwardClientAuth,
 		metricsElsewhere: s.MetricsElsewhere,
@@ -113,11 +117,11 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 		p.reject(w, notFound(r))
 		return r, false
 	}
-	var c *client
+	var c *auth.Client
 	if len(s.keys) > 0 {
-		token, ok := bearer(r.Header)
+		token, ok := auth.Bearer(r.Header)
 		if ok {
-			c = s.keys.find(token)
+			c = s.keys.Find(token)
 		}
 		if c == nil {
 			reason := map[bool]string{true: "invalid", false: "missing"}[ok]
@@ -126,7 +130,7 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 			p.reject(w, unauthorized(!ok))
 			return r, false
 		}
-		r = r.WithContext(context.WithValue(r.Context(), keyContext{}, c))
+		r = r.WithContext(auth.NewContext(r.Context(), c))
 	}
 	forwardHere := false
 	if path != "/metrics" && (strings.HasPrefix(path, "/v1/") || path == "/v1") {
@@ -148,8 +152,8 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 		}
 		forwardHere = true
 	}
-	if c != nil && c.requests != nil {
-		if ok, wait := c.requests.take(p.now(), 1); !ok {
+	if c != nil && c.Requests != nil {
+		if ok, wait := c.Requests.Take(p.now(), 1); !ok {
 			s.keyRequests.WithLabelValues(c.Name, outcomeRequestLimited).Inc()
 			p.log.Info("request refused: requests per minute", "key", c.Name, "rpm", c.RPM)
 			p.reject(w, rateLimited(w, c.Name, typeRequests, c.RPM, 1, wait))
@@ -160,7 +164,7 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 		s.keyRequests.WithLabelValues(c.Name, outcomeAdmitted).Inc()
 	}
 	if forwardHere {
-		p.serveByLoad(w, r, endpointOther)
+		p.serveByLoad(w, r, request.Other)
 		return r, false
 	}
 	return r, true
@@ -183,13 +187,13 @@ func (s *security) allowed(path string) (bool, []string) {
 // estimate is charged, not the usage the backend reports later, so that a
 // limit holds before the work is done.
 func (p *Proxy) chargeTokens(w http.ResponseWriter, r *http.Request, req *router.Request) *apiError {
-	c := clientFrom(r.Context())
+	c := auth.ClientFrom(r.Context())
 	if c == nil {
 		return nil
 	}
 	n := estimateTokens(req)
-	if c.tokens != nil {
-		if ok, wait := c.tokens.take(p.now(), n); !ok {
+	if c.Tokens != nil {
+		if ok, wait := c.Tokens.Take(p.now(), n); !ok {
 			p.sec.keyRequests.WithLabelValues(c.Name, outcomeTokenLimited).Inc()
 			p.log.Info("request refused: tokens per minute", "key", c.Name, "tpm", c.TPM, "tokens", n)
 			return rateLimited(w, c.Name, typeTokens, c.TPM, n, wait)
@@ -208,10 +212,10 @@ func estimateTokens(req *router.Request) int {
 	return prompt + max(req.MaxTokens, 0)
 }
 
-// upstream edits the request to backend b: the client's credentials are
+// withCredentials edits the request to backend b: the client's credentials are
 // removed unless forwarding them is configured, and the backend's own key
 // is set. Called where the upstream request is built.
-func (p *Proxy) upstream(out *http.Request, b *fleet.Backend) *http.Request {
+func (p *Proxy) withCredentials(out *http.Request, b *fleet.Backend) *http.Request {
 	if !p.sec.forwardAuth {
 		out.Header.Del("Authorization")
 		out.Header.Del("Cookie")
@@ -241,4 +245,38 @@ func (p *Proxy) MetricsHandler() http.Handler {
 			writeError(w, notFound(r))
 		}
 	})
+}
+
+// Error codes of authentication and rate limiting, as OpenAI's API sends
+// them. A 429's type says which limit was hit: "requests" or "tokens".
+const (
+	codeInvalidAPIKey = "invalid_api_key"
+	codeRateLimited   = "rate_limit_exceeded"
+	typeRequests      = "requests"
+	typeTokens        = "tokens"
+)
+
+// unauthorized is OpenAI's 401: the message never repeats the key given.
+func unauthorized(missing bool) *apiError {
+	msg := "Incorrect API key provided."
+	if missing {
+		msg = "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+	}
+	return &apiError{Status: http.StatusUnauthorized, Message: msg, Type: typeInvalidRequest, Code: codeInvalidAPIKey}
+}
+
+// rateLimited is OpenAI's 429 for a key over its limit of kind
+// ("requests" or "tokens"), with Retry-After in whole seconds when waiting
+// helps.
+func rateLimited(w http.ResponseWriter, name, kind string, limit, asked int, wait time.Duration) *apiError {
+	unit := map[string]string{typeRequests: "requests per min (RPM)", typeTokens: "tokens per min (TPM)"}[kind]
+	msg := fmt.Sprintf("Rate limit reached for key %s on %s: Limit %d, Requested %d.", name, unit, limit, asked)
+	if wait < 0 {
+		msg = fmt.Sprintf("Request too large for key %s on %s: Limit %d, Requested %d.", name, unit, limit, asked)
+	} else {
+		secs := max(1, int(math.Ceil(wait.Seconds())))
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		msg += fmt.Sprintf(" Please try again in %ds.", secs)
+	}
+	return &apiError{Status: http.StatusTooManyRequests, Message: msg, Type: kind, Code: codeRateLimited}
 }

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
 )
 
@@ -104,7 +105,7 @@ func (p *Proxy) traceCall(r *http.Request, c *call) {
 		return
 	}
 	if c.req == nil {
-		if m := bodyModel(c.body); m != "" {
+		if m := request.Model(c.body); m != "" {
 			span.SetAttributes(attribute.String("gen_ai.request.model", m))
 		}
 		return
@@ -169,10 +170,9 @@ func (p *Proxy) tracedRoute(ctx context.Context, c *call, cands []*fleet.Backend
 // ms is d in milliseconds.
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// traceStart starts the attempt's span below ctx's and returns its
-// context; ctx as it is when tracing is off.
-func (a *attempt) traceStart(ctx context.Context) context.Context {
-	p := a.p
+// traceAttempt starts a's span below ctx's and returns its context; ctx
+// as it is when tracing is off.
+func (p *Proxy) traceAttempt(ctx context.Context, a *attempt) context.Context {
 	if p.tracer == nil {
 		return ctx
 	}
@@ -181,9 +181,9 @@ func (a *attempt) traceStart(ctx context.Context) context.Context {
 	return ctx
 }
 
-// traced puts the attempt span's context on the upstream request as
+// traceUpstream puts the context of a's span on the upstream request as
 // traceparent and tracestate, in place of the client's.
-func (a *attempt) traced(out *http.Request) *http.Request {
+func traceUpstream(a *attempt, out *http.Request) *http.Request {
 	if a.span == nil {
 		return out
 	}
@@ -193,10 +193,10 @@ func (a *attempt) traced(out *http.Request) *http.Request {
 	return out
 }
 
-// traceEnd ends the attempt's span with its outcome: the backend's status,
+// traceAttemptEnd ends a's span with its outcome: the backend's status,
 // and why it failed when the request went on to another backend (or was
 // answered by giveUp).
-func (a *attempt) traceEnd() {
+func traceAttemptEnd(a *attempt) {
 	span := a.span
 	if span == nil {
 		return

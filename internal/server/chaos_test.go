@@ -23,6 +23,7 @@ import (
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/testfleet"
+	"github.com/kvroute/kvroute/internal/upstream"
 )
 
 func TestMain(m *testing.M) {
@@ -53,7 +54,7 @@ const (
 // change its config first.
 func startRouter(t *testing.T, emus []*testfleet.Backend, tweaks ...func(*Config)) *Server {
 	t.Helper()
-	transport := proxy.NewTransport()
+	transport := upstream.NewTransport()
 	transport.DialContext = (&net.Dialer{Timeout: patience, KeepAlive: 30 * time.Second}).DialContext
 	var bs []*fleet.Backend
 	for i, e := range emus {
