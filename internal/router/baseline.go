@@ -1,11 +1,8 @@
 package router
 
 import (
-	"hash/maphash"
-	"math/rand/v2"
 	"sort"
 	"strconv"
-	"sync"
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
@@ -18,26 +15,6 @@ var (
 	_ Policy = (*LeastRequest)(nil)
 	_ Policy = (*SessionHash)(nil)
 )
-
-// lockedRand is a seeded random source safe for concurrent use.
-type lockedRand struct {
-	mu sync.Mutex
-	r  *rand.Rand
-}
-
-func newRand(seed uint64) *lockedRand {
-	if seed == 0 {
-		seed = new(maphash.Hash).Sum64() // a random seed
-	}
-	return &lockedRand{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
-}
-
-// IntN returns a uniform number in [0, n).
-func (l *lockedRand) IntN(n int) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.r.IntN(n)
-}
 
 // RoundRobin sends requests to the candidates in turn: what a classic L7
 // balancer does by default.
@@ -61,50 +38,22 @@ func (p *RoundRobin) Pick(_ *Request, cands []*fleet.Backend) (Decision, error) 
 // in flight (counted by the router the moment it routes), breaking ties at
 // random so that an idle fleet does not send everything to its first backend.
 type LeastRequest struct {
-	rand *lockedRand
+	rand *Rand
 }
 
 // NewLeastRequest returns the policy; seed 0 picks a random seed.
-func NewLeastRequest(seed uint64) *LeastRequest { return &LeastRequest{rand: newRand(seed)} }
+func NewLeastRequest(seed uint64) *LeastRequest { return &LeastRequest{rand: NewRand(seed)} }
 
 // Name implements Policy.
 func (*LeastRequest) Name() string { return "least-request" }
 
 // Pick implements Policy.
 func (p *LeastRequest) Pick(_ *Request, cands []*fleet.Backend) (Decision, error) {
-	b := leastLoaded(cands, p.rand)
+	b := LeastLoaded(cands, p.rand.IntN)
 	if b == nil {
 		return Decision{}, ErrNoBackend
 	}
 	return Decision{Backend: b, Reason: "least-request"}, nil
-}
-
-// leastLoaded is LeastLoaded with a lockedRand.
-func leastLoaded(cands []*fleet.Backend, r *lockedRand) *fleet.Backend {
-	return LeastLoaded(cands, r.IntN)
-}
-
-// LeastLoaded returns a uniformly random one of the candidates with the
-// fewest requests in flight, or nil if there are none. intN(n) returns a
-// uniform integer in [0, n). One pass, no allocation.
-func LeastLoaded(cands []*fleet.Backend, intN func(int) int) *fleet.Backend {
-	var best *fleet.Backend
-	bestLoad, ties := int64(0), 0
-	for _, b := range cands {
-		n := b.Load().Requests
-		switch {
-		case best == nil || n < bestLoad:
-			best, bestLoad, ties = b, n, 1
-		case n == bestLoad:
-			// Reservoir sampling: each of the tied candidates is kept with
-			// equal probability.
-			ties++
-			if intN(ties) == 0 {
-				best = b
-			}
-		}
-	}
-	return best
 }
 
 // SessionHash maps each session key onto a consistent-hash ring of the
@@ -113,7 +62,7 @@ func LeastLoaded(cands []*fleet.Backend, intN func(int) int) *fleet.Backend {
 // and when backends come or go only the sessions of those move. Requests
 // without a session key go to a random candidate.
 type SessionHash struct {
-	rand *lockedRand
+	rand *Rand
 	// ring is over every backend of the fleet, rebuilt when the fleet
 	// changes (SetBackends).
 	ring atomic.Pointer[hashRing]
@@ -134,7 +83,7 @@ const ringPoints = 160
 // NewSessionHash builds the ring over backends; seed 0 picks a random seed
 // for requests without a key.
 func NewSessionHash(backends []*fleet.Backend, seed uint64) *SessionHash {
-	p := &SessionHash{rand: newRand(seed)}
+	p := &SessionHash{rand: NewRand(seed)}
 	p.SetBackends(backends)
 	return p
 }

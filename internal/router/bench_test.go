@@ -99,5 +99,5 @@ func fillIndex(p *KVRoute, n int) {
 }
 
 func prefixHashesOf(prompt string, blockBytes int) []uint64 {
-	return (&Request{Prompt: prompt}).prefixHashes(nil, blockBytes)
+	return (&Request{Prompt: prompt}).PrefixHashes(nil, blockBytes)
 }

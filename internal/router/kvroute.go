@@ -45,7 +45,7 @@ var _ Policy = (*KVRoute)(nil)
 // take more than LoadFactor times the mean in-flight requests (plus four).
 type KVRoute struct {
 	cfg  KVRouteConfig
-	rand *lockedRand
+	rand *Rand
 	// index is two tiers over one table of blocks: tier 0 what each
 	// backend holds, as an LRU of the prompts routed there bounded by its
 	// KV capacity; tier 1 (recent) remembers recentFactor times as many
@@ -241,7 +241,7 @@ func NewKVRoute(backends []*fleet.Backend, cfg KVRouteConfig) *KVRoute {
 	}
 	p := &KVRoute{
 		cfg:      cfg,
-		rand:     newRand(cfg.Seed),
+		rand:     NewRand(cfg.Seed),
 		sessions: make(map[string]int),
 		queue:    make([]drain, n),
 		shares:   make([]share, n),
@@ -354,7 +354,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	if n := int(p.width.Load()); len(s.matched) < n { // the fleet grew
 		s.matched, s.recent = make([]int, n), make([]int, n)
 	}
-	s.hashes = req.prefixHashes(s.hashes[:0], p.cfg.BlockBytes)
+	s.hashes = req.PrefixHashes(s.hashes[:0], p.cfg.BlockBytes)
 	fleetSize := len(cands)
 	now := p.cfg.Now()
 	var lanes bool
@@ -370,7 +370,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	}
 	ln := p.learner.snapshot()
 	ratio := p.cfg.Tokens.Ratio()
-	promptTokens := req.promptTokens(ratio)
+	promptTokens := req.PromptTokensAt(ratio)
 
 	var total int64
 	s.loads = slices.Grow(s.loads[:0], len(cands))[:len(cands)]
@@ -413,7 +413,7 @@ func (p *KVRoute) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		// Every backend is over the bound (the slack above the mean makes
 		// this impossible, short of counts changing under Pick): fall back
 		// to the least loaded.
-		b := leastLoaded(cands, p.rand)
+		b := LeastLoaded(cands, p.rand.IntN)
 		for i := range cands {
 			if cands[i] == b {
 				best = i

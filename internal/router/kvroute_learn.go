@@ -179,7 +179,7 @@ func (k *picked) done(o Outcome) {
 		if k.maybe > k.sure {
 			maybe = int(float64(k.maybe) * ratio / float64(p.cfg.BlockBytes))
 		}
-		hashes := k.req.prefixHashes(nil, p.cfg.BlockBytes)
+		hashes := k.req.PrefixHashes(nil, p.cfg.BlockBytes)
 		p.index.Forget(b.Index, hashes, held)
 		p.index.ForgetTier(recentTier, b.Index, hashes, maybe)
 		return

@@ -54,8 +54,8 @@ const (
 	// indexes in bytes of prompt text: about 16 tokens, the KV block of
 	// vLLM and the default of Dynamo and llm-d.
 	peerBlockBytes = 64
-	// peerBlockTokens is that block in tokens, at defaultRatio bytes a token.
-	peerBlockTokens     = peerBlockBytes / defaultRatio
+	// peerBlockTokens is that block in tokens, at DefaultRatio bytes a token.
+	peerBlockTokens     = peerBlockBytes / DefaultRatio
 	peerDefaultKVTokens = 400_000
 	peerDefaultEpsilon  = 0.25
 )
@@ -67,59 +67,17 @@ func (c PeerConfig) kvTokens() int {
 	return peerDefaultKVTokens
 }
 
-// promptTokens estimates a prompt's length in tokens at defaultRatio bytes a
+// promptTokens estimates a prompt's length in tokens at DefaultRatio bytes a
 // token (the peers do not tokenize either), unless the caller knows it.
-func promptTokens(req *Request) int { return req.promptTokens(defaultRatio) }
-
-// decide returns the decision for b with cached prompt tokens expected
-// there.
-func decide(b *fleet.Backend, reason string, cached int) Decision {
-	return Decision{Backend: b, Reason: reason, Cached: cached}
-}
-
-// Float64 returns a uniform number in [0, 1).
-func (l *lockedRand) Float64() float64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.r.Float64()
-}
-
-// pair returns two distinct uniform numbers in [0, n), n ≥ 2, under one lock.
-func (l *lockedRand) pair(n int) (int, int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	i, j := l.r.IntN(n), l.r.IntN(n-1)
-	if j >= i {
-		j++
-	}
-	return i, j
-}
-
-// ties picks uniformly among the candidates that tie for best: feed it every
-// candidate that ties the best so far (reset when a better one appears) and
-// it keeps each with equal probability (reservoir sampling).
-type ties struct {
-	r    *lockedRand
-	n    int
-	best int
-}
-
-func (t *ties) reset(i int) { t.n, t.best = 1, i }
-
-func (t *ties) add(i int) {
-	t.n++
-	if t.r.IntN(t.n) == 0 {
-		t.best = i
-	}
-}
+func promptTokens(req *Request) int { return req.PromptTokensAt(DefaultRatio) }
 
 // Random sends each request to a uniformly random candidate.
 type Random struct {
-	rand *lockedRand
+	rand *Rand
 }
 
 // NewRandom returns the policy; seed 0 picks a random seed.
-func NewRandom(seed uint64) *Random { return &Random{rand: newRand(seed)} }
+func NewRandom(seed uint64) *Random { return &Random{rand: NewRand(seed)} }
 
 // Name implements Policy.
 func (*Random) Name() string { return "random" }
@@ -130,7 +88,7 @@ func (p *Random) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 		return Decision{}, ErrNoBackend
 	}
 	b := cands[p.rand.IntN(len(cands))]
-	return decide(b, "random", 0), nil
+	return Decide(b, "random", 0), nil
 }
 
 // P2C is the power of two choices (Mitzenmacher): it draws two distinct
@@ -138,11 +96,11 @@ func (p *Random) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 // in flight (the first drawn on a tie). Decision.Scores lists the two, with
 // their in-flight requests as the cost.
 type P2C struct {
-	rand *lockedRand
+	rand *Rand
 }
 
 // NewP2C returns the policy; seed 0 picks a random seed.
-func NewP2C(seed uint64) *P2C { return &P2C{rand: newRand(seed)} }
+func NewP2C(seed uint64) *P2C { return &P2C{rand: NewRand(seed)} }
 
 // Name implements Policy.
 func (*P2C) Name() string { return "p2c" }
@@ -153,14 +111,14 @@ func (p *P2C) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 	case 0:
 		return Decision{}, ErrNoBackend
 	case 1:
-		return decide(cands[0], "p2c", 0), nil
+		return Decide(cands[0], "p2c", 0), nil
 	}
-	i, j := p.rand.pair(len(cands))
+	i, j := p.rand.Pair(len(cands))
 	li, lj := cands[i].Load(), cands[j].Load()
 	if lj.Requests < li.Requests {
 		i, j, li, lj = j, i, lj, li
 	}
-	d := decide(cands[i], "p2c", 0)
+	d := Decide(cands[i], "p2c", 0)
 	d.Scores = []Score{
 		{Backend: cands[i].Name, Cost: float64(li.Requests)},
 		{Backend: cands[j].Name, Cost: float64(lj.Requests)},
@@ -182,7 +140,7 @@ func (p *P2C) Pick(req *Request, cands []*fleet.Backend) (Decision, error) {
 type SessionBounded struct {
 	ring    *SessionHash
 	epsilon float64
-	rand    *lockedRand
+	rand    *Rand
 	scratch sync.Pool // *boundedScratch
 }
 
@@ -200,7 +158,7 @@ func NewSessionBounded(backends []*fleet.Backend, opts Options) *SessionBounded 
 	case eps < 0:
 		eps = 0
 	}
-	p := &SessionBounded{ring: NewSessionHash(backends, opts.Seed), epsilon: eps, rand: newRand(opts.Seed)}
+	p := &SessionBounded{ring: NewSessionHash(backends, opts.Seed), epsilon: eps, rand: NewRand(opts.Seed)}
 	p.scratch.New = func() any { return new(boundedScratch) }
 	return p
 }
@@ -260,12 +218,12 @@ func (p *SessionBounded) Pick(req *Request, cands []*fleet.Backend) (Decision, e
 		}
 		i := s.pos[owner]
 		if s.loads[i].Requests+1 <= bound {
-			return decide(cands[i], reason, 0), nil
+			return Decide(cands[i], reason, 0), nil
 		}
 		s.pos[owner] = -1 // full: skip its other points
 		reason = "spill"
 	}
 	// No candidate is on the ring (backends added after it was built).
-	b := leastLoaded(cands, p.rand)
-	return decide(b, "least-request", 0), nil
+	b := LeastLoaded(cands, p.rand.IntN)
+	return Decide(b, "least-request", 0), nil
 }

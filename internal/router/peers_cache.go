@@ -119,7 +119,7 @@ func (x *blockIndex) match(s *blockScratch, req *Request) int {
 	if n := int(x.n.Load()); len(s.matched) < n { // the fleet grew
 		s.matched = make([]int, n)
 	}
-	s.hashes = req.prefixHashes(s.hashes[:0], peerBlockBytes)
+	s.hashes = req.PrefixHashes(s.hashes[:0], peerBlockBytes)
 	return x.index.Match(s.hashes, s.matched)
 }
 

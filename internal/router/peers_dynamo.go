@@ -26,7 +26,7 @@ import (
 // blocks are the router's own in-flight token counts divided by 16.
 type DynamoKV struct {
 	cfg   DynamoConfig
-	rand  *lockedRand
+	rand  *Rand
 	index *blockIndex
 }
 
@@ -52,7 +52,7 @@ func NewDynamoKV(backends []*fleet.Backend, opts Options) *DynamoKV {
 		cfg.OverlapWeight = 0
 	}
 	cfg.Temperature = max(cfg.Temperature, 0)
-	return &DynamoKV{cfg: cfg, rand: newRand(opts.Seed), index: newBlockIndex(backends, opts.Peers.kvTokens())}
+	return &DynamoKV{cfg: cfg, rand: NewRand(opts.Seed), index: newBlockIndex(backends, opts.Peers.kvTokens())}
 }
 
 // Name implements Policy.
@@ -71,7 +71,7 @@ func (p *DynamoKV) Pick(req *Request, cands []*fleet.Backend) (Decision, error) 
 	scores := make([]Score, len(cands))
 	loads := make([]fleet.Load, len(cands))
 	best := -1
-	t := ties{r: p.rand}
+	t := NewTies(p.rand)
 	for i, b := range cands {
 		loads[i] = b.Load()
 		cached := p.index.cachedTokens(s, b, prompt)
@@ -82,12 +82,12 @@ func (p *DynamoKV) Pick(req *Request, cands []*fleet.Backend) (Decision, error) 
 		case best < 0 || scores[i].Cost < scores[best].Cost ||
 			scores[i].Cost == scores[best].Cost && loads[i].DecodeTokens < loads[best].DecodeTokens:
 			best = i
-			t.reset(i)
+			t.Reset(i)
 		case scores[i].Cost == scores[best].Cost && loads[i].DecodeTokens == loads[best].DecodeTokens:
-			t.add(i)
+			t.Add(i)
 		}
 	}
-	best = t.best
+	best = t.Best()
 	if p.cfg.Temperature > 0 {
 		best = softmaxSample(scores, p.cfg.Temperature, p.rand)
 	}
@@ -97,14 +97,14 @@ func (p *DynamoKV) Pick(req *Request, cands []*fleet.Backend) (Decision, error) 
 	if scores[best].Cached > 0 {
 		reason = "prefix"
 	}
-	d := decide(chosen, reason, scores[best].Cached)
+	d := Decide(chosen, reason, scores[best].Cached)
 	d.Scores = scores
 	return d, nil
 }
 
 // softmaxSample draws a candidate with probability ∝ exp(−c/temp), c the
 // cost min-max normalised to [0, 1] (all equal: uniform).
-func softmaxSample(scores []Score, temp float64, r *lockedRand) int {
+func softmaxSample(scores []Score, temp float64, r *Rand) int {
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, s := range scores {
 		lo, hi = math.Min(lo, s.Cost), math.Max(hi, s.Cost)

@@ -23,7 +23,7 @@ import (
 // blocks of 64 bytes (about 16 tokens), bounded by its KV capacity.
 type LLMDDefault struct {
 	cfg     LLMDConfig
-	rand    *lockedRand
+	rand    *Rand
 	index   *blockIndex
 	metrics func(*fleet.Backend) *fleet.Metrics
 }
@@ -55,7 +55,7 @@ func (c LLMDConfig) withDefaults() LLMDConfig {
 func NewLLMDDefault(backends []*fleet.Backend, opts Options) *LLMDDefault {
 	return &LLMDDefault{
 		cfg:     opts.Peers.LLMD.withDefaults(),
-		rand:    newRand(opts.Seed),
+		rand:    NewRand(opts.Seed),
 		index:   newBlockIndex(backends, opts.Peers.kvTokens()),
 		metrics: opts.Metrics,
 	}
@@ -115,7 +115,7 @@ func (p *LLMDDefault) Pick(req *Request, cands []*fleet.Backend) (Decision, erro
 	}
 	scores := make([]Score, len(cands))
 	best := -1
-	t := ties{r: p.rand}
+	t := NewTies(p.rand)
 	for i, b := range cands {
 		queue := 1.0
 		if hi > lo {
@@ -130,19 +130,19 @@ func (p *LLMDDefault) Pick(req *Request, cands []*fleet.Backend) (Decision, erro
 		switch {
 		case best < 0 || scores[i].Cost < scores[best].Cost:
 			best = i
-			t.reset(i)
+			t.Reset(i)
 		case scores[i].Cost == scores[best].Cost:
-			t.add(i)
+			t.Add(i)
 		}
 	}
-	best = t.best
+	best = t.Best()
 	chosen := cands[best]
 	p.index.insert(chosen, s.hashes)
 	reason := "score"
 	if scores[best].Cached > 0 {
 		reason = "prefix"
 	}
-	d := decide(chosen, reason, scores[best].Cached)
+	d := Decide(chosen, reason, scores[best].Cached)
 	d.Scores = scores
 	return d, nil
 }

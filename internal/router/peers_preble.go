@@ -34,7 +34,7 @@ import (
 // and rebalance already copy a hot prefix to more GPUs as the load needs.
 type PrebleE2 struct {
 	cfg   PrebleConfig
-	rand  *lockedRand
+	rand  *Rand
 	index *blockIndex
 }
 
@@ -56,7 +56,7 @@ func NewPrebleE2(backends []*fleet.Backend, opts Options) *PrebleE2 {
 	if cfg.Rebalance <= 0 {
 		cfg.Rebalance = 1.5
 	}
-	return &PrebleE2{cfg: cfg, rand: newRand(opts.Seed), index: newBlockIndex(backends, opts.Peers.kvTokens())}
+	return &PrebleE2{cfg: cfg, rand: NewRand(opts.Seed), index: newBlockIndex(backends, opts.Peers.kvTokens())}
 }
 
 // Name implements Policy.
@@ -80,7 +80,7 @@ func (p *PrebleE2) Pick(req *Request, cands []*fleet.Backend) (Decision, error) 
 	loads := make([]fleet.Load, len(cands))
 	work := make([]float64, len(cands))
 	light, longest := -1, 0 // longest: on a candidate; the index also knows others
-	lt := ties{r: p.rand}
+	lt := NewTies(p.rand)
 	for i, b := range cands {
 		longest = max(longest, p.index.matched(s, b))
 		loads[i] = b.Load()
@@ -88,16 +88,16 @@ func (p *PrebleE2) Pick(req *Request, cands []*fleet.Backend) (Decision, error) 
 		switch {
 		case light < 0 || work[i] < work[light]:
 			light = i
-			lt.reset(i)
+			lt.Reset(i)
 		case work[i] == work[light]:
-			lt.add(i)
+			lt.Add(i)
 		}
 	}
-	light = lt.best
+	light = lt.Best()
 
 	scores := make([]Score, len(cands))
 	best, reason := -1, ""
-	t := ties{r: p.rand}
+	t := NewTies(p.rand)
 	cached := min(prompt, int(float64(longest)*peerBlockTokens))
 	if longest > 0 && cached > prompt-cached {
 		reason = "exploit"
@@ -109,9 +109,9 @@ func (p *PrebleE2) Pick(req *Request, cands []*fleet.Backend) (Decision, error) 
 			switch {
 			case best < 0 || work[i] < work[best]:
 				best = i
-				t.reset(i)
+				t.Reset(i)
 			case work[i] == work[best]:
-				t.add(i)
+				t.Add(i)
 			}
 		}
 	} else {
@@ -125,13 +125,13 @@ func (p *PrebleE2) Pick(req *Request, cands []*fleet.Backend) (Decision, error) 
 			switch {
 			case best < 0 || cost < scores[best].Cost:
 				best = i
-				t.reset(i)
+				t.Reset(i)
 			case cost == scores[best].Cost:
-				t.add(i)
+				t.Add(i)
 			}
 		}
 	}
-	best = t.best
+	best = t.Best()
 
 	// What this request adds to the lightest GPU's load: its missing
 	// prefill, then the context it holds while decoding.
@@ -141,7 +141,7 @@ func (p *PrebleE2) Pick(req *Request, cands []*fleet.Backend) (Decision, error) 
 	}
 	chosen := cands[best]
 	p.index.insert(chosen, s.hashes)
-	d := decide(chosen, reason, scores[best].Cached)
+	d := Decide(chosen, reason, scores[best].Cached)
 	d.Scores = scores
 	return d, nil
 }

@@ -27,7 +27,7 @@ import (
 // bounded between timer ticks.
 type SGLangCacheAware struct {
 	cfg  SGLangConfig
-	rand *lockedRand
+	rand *Rand
 
 	mu      sync.Mutex
 	tree    charTree
@@ -69,7 +69,7 @@ func (c SGLangConfig) withDefaults() SGLangConfig {
 func NewSGLangCacheAware(opts Options) *SGLangCacheAware {
 	return &SGLangCacheAware{
 		cfg:  opts.Peers.SGLang.withDefaults(),
-		rand: newRand(opts.Seed),
+		rand: NewRand(opts.Seed),
 		tree: charTree{root: &charNode{}},
 	}
 }
@@ -97,13 +97,13 @@ func (p *SGLangCacheAware) Pick(req *Request, cands []*fleet.Backend) (Decision,
 	if len(p.matched) < top {
 		p.matched = make([]int, top)
 	}
-	text, tokensPerChar := req.charText()
+	text, tokensPerChar := req.CharText()
 	p.tree.match(text, p.matched[:top])
 	var chosen *fleet.Backend
 	var reason string
 	switch {
 	case imbalanced:
-		chosen, reason = leastLoaded(cands, p.rand), "imbalance"
+		chosen, reason = LeastLoaded(cands, p.rand.IntN), "imbalance"
 	default:
 		best := p.best(cands, func(b *fleet.Backend) int { return p.matched[b.Index] })
 		if len(text) > 0 && float64(p.matched[best.Index])/float64(len(text)) > p.cfg.CacheThreshold {
@@ -118,7 +118,7 @@ func (p *SGLangCacheAware) Pick(req *Request, cands []*fleet.Backend) (Decision,
 	if p.tree.sizeOf(chosen.Index) > p.cfg.MaxTreeChars {
 		p.tree.evict(int32(chosen.Index), p.cfg.MaxTreeChars*9/10)
 	}
-	return decide(chosen, reason, min(int(float64(matched)*tokensPerChar), promptTokens(req))), nil
+	return Decide(chosen, reason, min(int(float64(matched)*tokensPerChar), promptTokens(req))), nil
 }
 
 // best returns the candidate with the highest value, the least loaded among
@@ -128,16 +128,16 @@ func (p *SGLangCacheAware) best(cands []*fleet.Backend, value func(*fleet.Backen
 	var best *fleet.Backend
 	var bestVal int
 	var bestLoad int64
-	t := ties{r: p.rand}
+	t := NewTies(p.rand)
 	for i, b := range cands {
 		v, n := value(b), b.Load().Requests
 		switch {
 		case best == nil || v > bestVal || v == bestVal && n < bestLoad:
 			best, bestVal, bestLoad = b, v, n
-			t.reset(i)
+			t.Reset(i)
 		case v == bestVal && n == bestLoad:
-			t.add(i)
-			best = cands[t.best]
+			t.Add(i)
+			best = cands[t.Best()]
 		}
 	}
 	return best

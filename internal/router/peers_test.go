@@ -365,7 +365,7 @@ func TestDynamoKVTies(t *testing.T) {
 }
 
 func TestSoftmaxSample(t *testing.T) {
-	r := newRand(1)
+	r := NewRand(1)
 	scores := []Score{{Cost: 85}, {Cost: 32}}
 	count := func(temp float64) float64 {
 		n := 0

@@ -1,0 +1,118 @@
+package router
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+)
+
+// Options configure the policies built by New.
+type Options struct {
+	// Seed seeds random choices; 0 picks a random seed.
+	Seed uint64
+	// KVRoute tunes the kvroute policy.
+	KVRoute KVRouteConfig
+	// Peers tunes the policies reimplemented from other routers.
+	Peers PeerConfig
+	// Metrics returns a backend's latest scraped metrics, or nil when there
+	// are none or they are stale (fleet.Fleet.Metrics does both). Policies
+	// that read scraped load (llmd-default; kvroute for engines with slots)
+	// fall back to the router's own counts without it. Nil means no scraped
+	// metrics. Must be safe for concurrent use and must not block.
+	Metrics func(*fleet.Backend) *fleet.Metrics
+	// Now is the policies' clock; nil means time.Now. The simulator passes
+	// its virtual clock.
+	Now func() time.Time
+	// Tokens is the router's prompt-length estimator, which New shares
+	// with the policy; nil means a fresh one.
+	Tokens *Tokens
+	// ResponsePins is how many Responses API response ids the Router
+	// remembers the backend of, to send the requests that continue them
+	// there (0: DefaultResponsePins; negative: none).
+	ResponsePins int
+}
+
+// registry is every policy New knows, the default first: --help, config
+// validation, the bench and the simulator all read this one list.
+var registry = []Spec{
+	{"kvroute", "kvroute's cost model: predicted TTFT (cached prefix, queued prefill, KV room) plus its stream and its delay to the streams there",
+		func(bs []*fleet.Backend, o Options) Policy {
+			cfg := o.KVRoute
+			cfg.Seed = cmp.Or(cfg.Seed, o.Seed)
+			if cfg.Now == nil {
+				cfg.Now = o.Now
+			}
+			if cfg.Metrics == nil {
+				cfg.Metrics = o.Metrics
+			}
+			if cfg.Tokens == nil {
+				cfg.Tokens = o.Tokens
+			}
+			return NewKVRoute(bs, cfg)
+		}},
+	{"round-robin", "each backend in turn", func([]*fleet.Backend, Options) Policy { return &RoundRobin{} }},
+	{"least-request", "fewest requests in flight, random among ties",
+		func(_ []*fleet.Backend, o Options) Policy { return NewLeastRequest(o.Seed) }},
+	{"session-hash", "consistent hashing of the session key (nginx hash consistent, HAProxy balance hdr)",
+		func(bs []*fleet.Backend, o Options) Policy { return NewSessionHash(bs, o.Seed) }},
+	{"random", "a uniformly random backend", func(_ []*fleet.Backend, o Options) Policy { return NewRandom(o.Seed) }},
+	{"p2c", "power of two choices: the lighter of two random backends",
+		func(_ []*fleet.Backend, o Options) Policy { return NewP2C(o.Seed) }},
+	{"session-bounded", "consistent hashing with bounded loads (Mirrokni et al.)",
+		func(bs []*fleet.Backend, o Options) Policy { return NewSessionBounded(bs, o) }},
+	{"sglang-cache-aware", "SGLang router's cache-aware policy: longest character prefix unless imbalanced",
+		func(_ []*fleet.Backend, o Options) Policy { return NewSGLangCacheAware(o) }},
+	{"dynamo-kv", "NVIDIA Dynamo's KV router cost: prefill blocks + decode blocks",
+		func(bs []*fleet.Backend, o Options) Policy { return NewDynamoKV(bs, o) }},
+	{"llmd-default", "llm-d's default scorers: queue depth, KV utilisation, prefix match",
+		func(bs []*fleet.Backend, o Options) Policy { return NewLLMDDefault(bs, o) }},
+	{"preble-e2", "Preble's E2: exploit a cached prefix longer than the rest, else explore by load",
+		func(bs []*fleet.Backend, o Options) Policy { return NewPrebleE2(bs, o) }},
+}
+
+func names() string { return strings.Join(Names(), ", ") }
+
+// Spec is one policy in the registry: its --policy name, a line for --help,
+// and its constructor for a fleet of backends (their Index fields number
+// them 0..len-1; nil when only validating the name).
+type Spec struct {
+	Name string
+	Doc  string
+	New  func(backends []*fleet.Backend, opts Options) Policy
+}
+
+// New returns a Router driving the policy called name for a fleet of
+// backends.
+func New(name string, backends []*fleet.Backend, opts Options) (*Router, error) {
+	name, err := withObjective(name, &opts)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range registry {
+		if s.Name == name {
+			if opts.Tokens == nil {
+				opts.Tokens = NewTokens()
+			}
+			r := NewRouter(s.New(backends, opts), opts.Tokens)
+			r.pins = newPins(opts.ResponsePins)
+			return r, nil
+		}
+	}
+	return nil, fmt.Errorf("unknown policy %q (have %s)", name, names())
+}
+
+// Names lists the policies New knows, the default first.
+func Names() []string {
+	out := make([]string, len(registry))
+	for i, s := range registry {
+		out[i] = s.Name
+	}
+	return out
+}
+
+// Specs lists the registry: every policy with its one-line description.
+func Specs() []Spec { return slices.Clone(registry) }
