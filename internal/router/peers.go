@@ -18,11 +18,15 @@ import (
 	"github.com/kvroute/kvroute/internal/prefix"
 )
 
-// Compile-time checks that the peers are policies.
+// Compile-time checks that the baselines are policies.
 var (
 	_ Policy = (*Random)(nil)
 	_ Policy = (*P2C)(nil)
 	_ Policy = (*SessionBounded)(nil)
+)
+
+// Compile-time checks that the peers are policies.
+var (
 	_ Policy = (*SGLangCacheAware)(nil)
 	_ Policy = (*DynamoKV)(nil)
 	_ Policy = (*LLMDDefault)(nil)
@@ -32,10 +36,6 @@ var (
 // PeerConfig tunes the policies reimplemented from other routers. Zero values
 // take the defaults.
 type PeerConfig struct {
-	// Epsilon is session-bounded's slack: no backend is given a request that
-	// would take it above ceil((1+Epsilon) × (requests in flight + 1) /
-	// candidates). Default 0.25; negative means 0.
-	Epsilon float64
 	// SGLang tunes sglang-cache-aware.
 	SGLang SGLangConfig
 	// Dynamo tunes dynamo-kv.
@@ -57,8 +57,19 @@ const (
 	// peerBlockTokens is that block in tokens, at DefaultRatio bytes a token.
 	peerBlockTokens     = peerBlockBytes / DefaultRatio
 	peerDefaultKVTokens = 400_000
-	peerDefaultEpsilon  = 0.25
 )
+
+// BaselineConfig tunes the classic balancers. Zero values take the
+// defaults.
+type BaselineConfig struct {
+	// Epsilon is session-bounded's slack: no backend is given a request that
+	// would take it above ceil((1+Epsilon) × (requests in flight + 1) /
+	// candidates). Default 0.25; negative means 0.
+	Epsilon float64
+}
+
+// defaultEpsilon is session-bounded's default slack.
+const defaultEpsilon = 0.25
 
 func (c PeerConfig) kvTokens() int {
 	if c.DefaultKVTokens > 0 {
@@ -149,16 +160,17 @@ type boundedScratch struct {
 	pos   []int32 // candidate position by backend index, -1 if none
 }
 
-// NewSessionBounded builds the ring over backends; seed 0 picks a random seed.
-func NewSessionBounded(backends []*fleet.Backend, opts Options) *SessionBounded {
-	eps := opts.Peers.Epsilon
+// NewSessionBounded builds the ring over backends, with the slack of cfg;
+// seed 0 picks a random seed.
+func NewSessionBounded(backends []*fleet.Backend, seed uint64, cfg BaselineConfig) *SessionBounded {
+	eps := cfg.Epsilon
 	switch {
 	case eps == 0:
-		eps = peerDefaultEpsilon
+		eps = defaultEpsilon
 	case eps < 0:
 		eps = 0
 	}
-	p := &SessionBounded{ring: NewSessionHash(backends, opts.Seed), epsilon: eps, rand: NewRand(opts.Seed)}
+	p := &SessionBounded{ring: NewSessionHash(backends, seed), epsilon: eps, rand: NewRand(seed)}
 	p.scratch.New = func() any { return new(boundedScratch) }
 	return p
 }

@@ -42,9 +42,9 @@ type DynamoConfig struct {
 }
 
 // NewDynamoKV returns the policy for a fleet of backends, tuned by
-// opts.Peers.Dynamo.
-func NewDynamoKV(backends []*fleet.Backend, opts Options) *DynamoKV {
-	cfg := opts.Peers.Dynamo
+// peers.Dynamo; seed 0 picks a random seed.
+func NewDynamoKV(backends []*fleet.Backend, seed uint64, peers PeerConfig) *DynamoKV {
+	cfg := peers.Dynamo
 	switch {
 	case cfg.OverlapWeight == 0:
 		cfg.OverlapWeight = 1
@@ -52,7 +52,7 @@ func NewDynamoKV(backends []*fleet.Backend, opts Options) *DynamoKV {
 		cfg.OverlapWeight = 0
 	}
 	cfg.Temperature = max(cfg.Temperature, 0)
-	return &DynamoKV{cfg: cfg, rand: NewRand(opts.Seed), index: newBlockIndex(backends, opts.Peers.kvTokens())}
+	return &DynamoKV{cfg: cfg, rand: NewRand(seed), index: newBlockIndex(backends, peers.kvTokens())}
 }
 
 // Name implements Policy.

@@ -51,13 +51,14 @@ func (c LLMDConfig) withDefaults() LLMDConfig {
 }
 
 // NewLLMDDefault returns the policy for a fleet of backends, tuned by
-// opts.Peers.LLMD and reading scraped metrics through opts.Metrics.
-func NewLLMDDefault(backends []*fleet.Backend, opts Options) *LLMDDefault {
+// peers.LLMD and reading scraped metrics through metrics (nil: none; see
+// Options.Metrics); seed 0 picks a random seed.
+func NewLLMDDefault(backends []*fleet.Backend, seed uint64, peers PeerConfig, metrics func(*fleet.Backend) *fleet.Metrics) *LLMDDefault {
 	return &LLMDDefault{
-		cfg:     opts.Peers.LLMD.withDefaults(),
-		rand:    NewRand(opts.Seed),
-		index:   newBlockIndex(backends, opts.Peers.kvTokens()),
-		metrics: opts.Metrics,
+		cfg:     peers.LLMD.withDefaults(),
+		rand:    NewRand(seed),
+		index:   newBlockIndex(backends, peers.kvTokens()),
+		metrics: metrics,
 	}
 }
 

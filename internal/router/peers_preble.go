@@ -47,16 +47,16 @@ type PrebleConfig struct {
 
 // prebleRate is the nominal prefill rate that turns tokens into time: an
 // H100 prefills about 30k tokens/s of an 8B model.
-const prebleRate = priorRate
+const prebleRate = 30_000.0
 
 // NewPrebleE2 returns the policy for a fleet of backends, tuned by
-// opts.Peers.Preble.
-func NewPrebleE2(backends []*fleet.Backend, opts Options) *PrebleE2 {
-	cfg := opts.Peers.Preble
+// peers.Preble; seed 0 picks a random seed.
+func NewPrebleE2(backends []*fleet.Backend, seed uint64, peers PeerConfig) *PrebleE2 {
+	cfg := peers.Preble
 	if cfg.Rebalance <= 0 {
 		cfg.Rebalance = 1.5
 	}
-	return &PrebleE2{cfg: cfg, rand: NewRand(opts.Seed), index: newBlockIndex(backends, opts.Peers.kvTokens())}
+	return &PrebleE2{cfg: cfg, rand: NewRand(seed), index: newBlockIndex(backends, peers.kvTokens())}
 }
 
 // Name implements Policy.

@@ -65,11 +65,12 @@ func (c SGLangConfig) withDefaults() SGLangConfig {
 	return c
 }
 
-// NewSGLangCacheAware returns the policy tuned by opts.Peers.SGLang.
-func NewSGLangCacheAware(opts Options) *SGLangCacheAware {
+// NewSGLangCacheAware returns the policy tuned by peers.SGLang; seed 0
+// picks a random seed.
+func NewSGLangCacheAware(seed uint64, peers PeerConfig) *SGLangCacheAware {
 	return &SGLangCacheAware{
-		cfg:  opts.Peers.SGLang.withDefaults(),
-		rand: NewRand(opts.Seed),
+		cfg:  peers.SGLang.withDefaults(),
+		rand: NewRand(seed),
 		tree: charTree{root: &charNode{}},
 	}
 }

@@ -149,7 +149,7 @@ func TestP2CNeverPicksTheMoreLoadedOfItsTwo(t *testing.T) {
 
 func TestSessionBoundedKeepsSessionsWhileLoadAllows(t *testing.T) {
 	bs := backends(5)
-	p := NewSessionBounded(bs, Options{Seed: 1})
+	p := NewSessionBounded(bs, 1, BaselineConfig{})
 	plain := NewSessionHash(bs, 1)
 	for i := range 200 {
 		req := &Request{SessionKey: fmt.Sprintf("session-%d", i)}
@@ -171,7 +171,7 @@ func TestSessionBoundedKeepsSessionsWhileLoadAllows(t *testing.T) {
 
 func TestSessionBoundedNeverExceedsBound(t *testing.T) {
 	bs := backends(5)
-	p := NewSessionBounded(bs, Options{Seed: 1, Peers: PeerConfig{Epsilon: 0.25}})
+	p := NewSessionBounded(bs, 1, BaselineConfig{Epsilon: 0.25})
 	var flights []*fleet.Flight
 	reasons := map[string]int{}
 	for i := range 400 {
@@ -224,7 +224,7 @@ func TestSGLangCacheAware(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			bs := backends(3)
-			p := NewSGLangCacheAware(Options{Seed: 1})
+			p := NewSGLangCacheAware(1, PeerConfig{})
 			p.tree.insert(cached, 0)
 			var flights [][]*fleet.Flight
 			for i, b := range bs {
@@ -258,7 +258,7 @@ func TestSGLangCacheAware(t *testing.T) {
 }
 
 func TestSGLangTreeEvictsLeastRecentlyUsed(t *testing.T) {
-	p := NewSGLangCacheAware(Options{Seed: 1, Peers: PeerConfig{SGLang: SGLangConfig{MaxTreeChars: 10_000}}})
+	p := NewSGLangCacheAware(1, PeerConfig{SGLang: SGLangConfig{MaxTreeChars: 10_000}})
 	bs := backends(1)
 	system := words(0, 1000)
 	shared := system + words(1, 2000)
@@ -315,7 +315,7 @@ func TestDynamoKVCost(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			bs := backends(2)
-			p := NewDynamoKV(bs, Options{Seed: 1, Peers: PeerConfig{Dynamo: DynamoConfig{OverlapWeight: tt.weight, Temperature: tt.temp}}})
+			p := NewDynamoKV(bs, 1, PeerConfig{Dynamo: DynamoConfig{OverlapWeight: tt.weight, Temperature: tt.temp}})
 			p.index.insert(bs[0], hashes[:5])
 			f0 := hold(bs[0], 1, 320, 800, false)
 			f1 := hold(bs[1], 1, tt.b1[0], tt.b1[1], tt.b1[2] == 1)
@@ -343,7 +343,7 @@ func TestDynamoKVCost(t *testing.T) {
 
 func TestDynamoKVTies(t *testing.T) {
 	bs := backends(2)
-	p := NewDynamoKV(bs, Options{Seed: 1})
+	p := NewDynamoKV(bs, 1, PeerConfig{})
 	prompt := words(1, 640)
 	// Equal cost 30: b0 prefill 10, decode 160/16 + 10; b1 prefill 10 + 10,
 	// decode 10. b1 has fewer active blocks.
@@ -394,7 +394,7 @@ func TestSoftmaxSample(t *testing.T) {
 
 func TestDynamoKVTemperatureSpreads(t *testing.T) {
 	bs := backends(2)
-	p := NewDynamoKV(bs, Options{Seed: 1, Peers: PeerConfig{Dynamo: DynamoConfig{Temperature: 0.5}}})
+	p := NewDynamoKV(bs, 1, PeerConfig{Dynamo: DynamoConfig{Temperature: 0.5}})
 	f := hold(bs[0], 1, 160, 800, false)
 	defer release(f)
 	seen := map[string]int{}
@@ -433,11 +433,11 @@ func TestLLMDDefaultScores(t *testing.T) {
 				bs[1]: {Waiting: 0, KVUsage: 0.9},
 				// b2's metrics are stale: the hook gives none.
 			}
-			opts := Options{Seed: 1}
+			var metrics func(*fleet.Backend) *fleet.Metrics
 			if tt.hook {
-				opts.Metrics = func(b *fleet.Backend) *fleet.Metrics { return scraped[b] }
+				metrics = func(b *fleet.Backend) *fleet.Metrics { return scraped[b] }
 			}
-			p := NewLLMDDefault(bs, opts)
+			p := NewLLMDDefault(bs, 1, PeerConfig{}, metrics)
 			p.index.insert(bs[0], hashes[:tt.b0Blocks])
 			f0 := hold(bs[0], 1, 100, 100_000, false)
 			f2 := hold(bs[2], 2, 100, 100_000, false)
@@ -457,7 +457,7 @@ func TestLLMDDefaultScores(t *testing.T) {
 
 func TestLLMDDefaultBreaksTiesRandomly(t *testing.T) {
 	bs := backends(3)
-	p := NewLLMDDefault(bs, Options{Seed: 1})
+	p := NewLLMDDefault(bs, 1, PeerConfig{}, nil)
 	seen := map[string]int{}
 	for i := range 300 {
 		seen[pick(t, p, &Request{Prompt: words(i, 640)}, bs).Backend.Name]++
@@ -509,7 +509,7 @@ func TestPrebleE2(t *testing.T) {
 					bs[i].SetInfo(&fleet.Info{Models: []string{"m"}, BlockSize: 16, KVBlocks: g.kv})
 				}
 			}
-			p := NewPrebleE2(bs, Options{Seed: 1})
+			p := NewPrebleE2(bs, 1, PeerConfig{})
 			var flights [][]*fleet.Flight
 			for i, g := range tt.gpus {
 				if g.filler > 0 {
@@ -542,7 +542,7 @@ func TestPrebleE2(t *testing.T) {
 
 func TestPrebleE2SpreadsHotPrefix(t *testing.T) {
 	bs := backends(4)
-	r := NewRouter(NewPrebleE2(bs, Options{Seed: 1}), nil)
+	r := NewRouter(NewPrebleE2(bs, 1, PeerConfig{}), nil)
 	system := words(0, 16_000)
 	used := map[string]int{}
 	var flights []*Ticket

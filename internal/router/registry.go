@@ -16,6 +16,8 @@ type Options struct {
 	Seed uint64
 	// KVRoute tunes the kvroute policy.
 	KVRoute KVRouteConfig
+	// Baseline tunes the classic balancers.
+	Baseline BaselineConfig
 	// Peers tunes the policies reimplemented from other routers.
 	Peers PeerConfig
 	// Metrics returns a backend's latest scraped metrics, or nil when there
@@ -63,15 +65,15 @@ var registry = []Spec{
 	{"p2c", "power of two choices: the lighter of two random backends",
 		func(_ []*fleet.Backend, o Options) Policy { return NewP2C(o.Seed) }},
 	{"session-bounded", "consistent hashing with bounded loads (Mirrokni et al.)",
-		func(bs []*fleet.Backend, o Options) Policy { return NewSessionBounded(bs, o) }},
+		func(bs []*fleet.Backend, o Options) Policy { return NewSessionBounded(bs, o.Seed, o.Baseline) }},
 	{"sglang-cache-aware", "SGLang router's cache-aware policy: longest character prefix unless imbalanced",
-		func(_ []*fleet.Backend, o Options) Policy { return NewSGLangCacheAware(o) }},
+		func(_ []*fleet.Backend, o Options) Policy { return NewSGLangCacheAware(o.Seed, o.Peers) }},
 	{"dynamo-kv", "NVIDIA Dynamo's KV router cost: prefill blocks + decode blocks",
-		func(bs []*fleet.Backend, o Options) Policy { return NewDynamoKV(bs, o) }},
+		func(bs []*fleet.Backend, o Options) Policy { return NewDynamoKV(bs, o.Seed, o.Peers) }},
 	{"llmd-default", "llm-d's default scorers: queue depth, KV utilisation, prefix match",
-		func(bs []*fleet.Backend, o Options) Policy { return NewLLMDDefault(bs, o) }},
+		func(bs []*fleet.Backend, o Options) Policy { return NewLLMDDefault(bs, o.Seed, o.Peers, o.Metrics) }},
 	{"preble-e2", "Preble's E2: exploit a cached prefix longer than the rest, else explore by load",
-		func(bs []*fleet.Backend, o Options) Policy { return NewPrebleE2(bs, o) }},
+		func(bs []*fleet.Backend, o Options) Policy { return NewPrebleE2(bs, o.Seed, o.Peers) }},
 }
 
 func names() string { return strings.Join(Names(), ", ") }
@@ -97,9 +99,7 @@ func New(name string, backends []*fleet.Backend, opts Options) (*Router, error) 
 			if opts.Tokens == nil {
 				opts.Tokens = NewTokens()
 			}
-			r := NewRouter(s.New(backends, opts), opts.Tokens)
-			r.pins = newPins(opts.ResponsePins)
-			return r, nil
+			return NewPinningRouter(s.New(backends, opts), opts.Tokens, opts.ResponsePins), nil
 		}
 	}
 	return nil, fmt.Errorf("unknown policy %q (have %s)", name, names())

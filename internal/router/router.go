@@ -35,6 +35,16 @@ func NewRouter(policy Policy, tokens *Tokens) *Router {
 	return &Router{policy: policy, tokens: tokens}
 }
 
+// NewPinningRouter is NewRouter for a Router that also remembers the
+// backend of up to responsePins Responses API responses, to send the
+// requests that continue them there (0: DefaultResponsePins; negative:
+// none).
+func NewPinningRouter(policy Policy, tokens *Tokens, responsePins int) *Router {
+	r := NewRouter(policy, tokens)
+	r.pins = newPins(responsePins)
+	return r
+}
+
 // Name is the policy's name.
 func (r *Router) Name() string { return r.policy.Name() }
 
