@@ -15,7 +15,7 @@ import (
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/results"
-	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/policies"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -203,7 +203,7 @@ func writeReport(w io.Writer, rep *results.Report, dir string) error {
 
 // allPolicies lists every policy and every real balancer installed here.
 func allPolicies() []string {
-	names := router.Names()
+	names := policies.Names()
 	for _, b := range balancer.Kinds() {
 		if ok, _ := balancer.Available(b); ok {
 			names = append(names, b)

@@ -1,6 +1,8 @@
 package router
 
-import "github.com/kvroute/kvroute/internal/fleet"
+import (
+	"github.com/kvroute/kvroute/internal/fleet"
+)
 
 // Decide returns the decision for b with cached prompt tokens expected
 // there.

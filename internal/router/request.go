@@ -26,7 +26,7 @@ type Request struct {
 	// PreviousResponseID is a Responses API request's
 	// previous_response_id: the Router sends it to the backend that
 	// produced that response, when it saw it and that backend is a
-	// candidate (Options.ResponsePins).
+	// candidate (policies.Options.ResponsePins).
 	PreviousResponseID string
 	// Body is the request's JSON body as the client sent it (the proxy
 	// sets it): a KVEvents implementation has the backend tokenize its

@@ -1,6 +1,8 @@
 package router
 
-import "github.com/kvroute/kvroute/internal/fleet"
+import (
+	"github.com/kvroute/kvroute/internal/fleet"
+)
 
 // Ticket is one routed attempt: the policy's decision, and the request's
 // load on the chosen backend, counted when it was routed. FirstToken

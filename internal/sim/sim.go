@@ -29,6 +29,8 @@ import (
 	"github.com/kvroute/kvroute/internal/progress"
 	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/kvroute"
+	"github.com/kvroute/kvroute/internal/router/policies"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -43,7 +45,7 @@ type Config struct {
 	// goes to one of them uniformly at random, as behind an L4 balancer;
 	// each has its own policy instance, prefix index and in-flight counts.
 	Routers int
-	// Policies are router policy names (router.Names()).
+	// Policies are router policy names (policies.Names()).
 	Policies []string
 	// Users, when positive, plays the workload closed loop with that many
 	// users instead of at its arrival times.
@@ -78,7 +80,7 @@ type Config struct {
 	// Progress receives a progress bar per policy; nil shows none.
 	Progress io.Writer
 	// ReplicaUnaware leaves kvroute's replicas unaware of each other
-	// (router.KVRouteConfig.Replicas unset), to measure what awareness
+	// (kvroute.Config.Replicas unset), to measure what awareness
 	// saves.
 	ReplicaUnaware bool
 	// Gossip is how often the replicas share their in-flight counts with
@@ -93,7 +95,7 @@ type Config struct {
 	// burst of requests arriving together is routed before any); it is
 	// the bound that separates what the replicas' placement loses to
 	// stale counts from what it loses by itself (docs/BENCHMARKS.md,
-	// Router replicas). kvroute is told (KVRouteConfig.PeersExact), and
+	// Router replicas). kvroute is told (kvroute.Config.PeersExact), and
 	// with KVEvents decides as one router.
 	GossipEachRequest bool
 	// GossipPush streams each replica's in-flight counts to the others
@@ -102,11 +104,11 @@ type Config struct {
 	// as a replica that pushes its counts to its peers would. With it the
 	// others' counts are never more than this old; a burst arriving at one
 	// instant is still routed before any count reaches the others.
-	// kvroute is told the push delay (KVRouteConfig.PeerPush), so that
+	// kvroute is told the push delay (kvroute.Config.PeerPush), so that
 	// with KVEvents it decides as one router but in a burst (then as a
 	// replica keeping to its lane of the servers, inLane), unless
 	// PushAsReplica: then it decides as a replica behind polled counts
-	// does (kvroute_replicas.go). Measured both ways in docs/BENCHMARKS.md
+	// does (internal/router/kvroute/replicas.go). Measured both ways in docs/BENCHMARKS.md
 	// (Router replicas, pushed counts): on Mooncake's trace with its
 	// arrivals spread over their ticks, as one router matches one
 	// router's tails where the replica's end-to-end p99 is up to a third
@@ -123,11 +125,11 @@ type Config struct {
 	// gives per policy, and which kvroute's goodput objective serves; zero
 	// means none.
 	SLO results.SLO
-	// Objective is kvroute's objective (router.KVRouteConfig.Objective);
+	// Objective is kvroute's objective (kvroute.Config.Objective);
 	// empty means its default. A policy named kvroute:OBJECTIVE overrides it.
-	Objective router.Objective
+	Objective kvroute.Objective
 	// FullScan makes kvroute score every server on every pick instead of
-	// the few that can win (router.KVRouteConfig.FullScan), to measure
+	// the few that can win (kvroute.Config.FullScan), to measure
 	// what pruning changes.
 	FullScan bool
 
@@ -372,7 +374,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			b.SetInfo(info)
 			rep.backends = append(rep.backends, b)
 		}
-		opts := router.Options{
+		opts := policies.Options{
 			Seed:    cfg.Seed + uint64(r)*0x9e3779b97f4a7c15,
 			Metrics: s.metricsFunc(rep),
 			Now:     s.clock,
@@ -409,7 +411,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			}
 			opts.KVRoute.Lanes = func() (string, []string) { return self, others }
 		}
-		opts.KVRoute.SLO = router.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}
+		opts.KVRoute.SLO = kvroute.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}
 		opts.KVRoute.Objective = cfg.Objective
 		// kvroute's prefix index need not be finer than the servers'
 		// blocks, nor than a trace's (prompts that share part of a trace
@@ -418,7 +420,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		if b := max(cfg.Profile.BlockSize, traceBlock(cfg)) * router.TokenBytes; b > prefix.DefaultBlockBytes {
 			opts.KVRoute.BlockBytes = b
 		}
-		r, err := router.New(policy, rep.backends, opts)
+		r, err := policies.New(policy, rep.backends, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -470,7 +472,7 @@ func traceBlock(cfg Config) int {
 // clock is the policies' clock: virtual time, as a time.Time.
 func (s *simulation) clock() time.Time { return s.origin.Add(s.now) }
 
-// metricsFunc is a replica's router.Options.Metrics: the last scrape of a
+// metricsFunc is a replica's policies.Options.Metrics: the last scrape of a
 // server, or nil when it is older than three scrape intervals.
 func (s *simulation) metricsFunc(rep *replica) func(*fleet.Backend) *fleet.Metrics {
 	return func(b *fleet.Backend) *fleet.Metrics {
