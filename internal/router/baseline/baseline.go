@@ -165,7 +165,7 @@ func (p *SessionHash) owner(h uint64, cands []*fleet.Backend) *fleet.Backend {
 	return nil
 }
 
-// BaselineConfig tunes the classic balancers. Zero values take the
+// Config tunes the classic balancers. Zero values take the
 // defaults.
 type Config struct {
 	// Epsilon is session-bounded's slack: no backend is given a request that
