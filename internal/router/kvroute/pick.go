@@ -227,14 +227,16 @@ func (p *Policy) commit(s *pickScratch) router.Decision {
 // reason says in a word why chosen was chosen: it holds the longest prefix,
 // the prefix spilled off its holders, it is the session's backend, or it
 // was the cheapest.
-func (s *pickScratch) reason(chosen *fleet.Backend) string {
+func (s *pickScratch) reason(chosen *fleet.Backend) (reason string) {
 	switch {
 	case s.longest > 0 && s.matched[chosen.Index] == s.longest:
-		return "prefix"
+		reason = "prefix"
 	case s.longest > 0:
-		return "spill"
+		reason = "spill"
 	case s.hasSession && chosen.Index == s.session:
-		return "session"
+		reason = "session"
+	default:
+		reason = "least-cost"
 	}
-	return "least-cost"
+	return reason
 }
