@@ -15,7 +15,7 @@ import (
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/results"
-	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/policies"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -33,7 +33,7 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 	var (
 		bf          benchFlags
 		spec        string
-		policies    string
+		policyList  string
 		profileName string
 		opts        workload.Options
 		kvBlocks    int
@@ -43,7 +43,7 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 	fs.StringVar(&spec, "workload", "chat", "workload: "+strings.Join(workload.Specs(), ", "))
 	fs.IntVar(&bf.cfg.Backends, "backends", 8, "emulated backends")
 	fs.StringVar(&backendURLs, "backend-url", "", "running servers to use instead of emulated ones, comma-separated URLs (e.g. llama-server from scripts/llama-fleet.sh); times are then real")
-	fs.StringVar(&policies, "policies", "kvroute,round-robin,least-request,session-hash", "policies to compare, comma-separated, or all: "+strings.Join(allPolicies(), ", "))
+	fs.StringVar(&policyList, "policies", "kvroute,round-robin,least-request,session-hash", "policies to compare, comma-separated, or all: "+strings.Join(allPolicies(), ", "))
 	fs.Float64Var(&opts.Rate, "rate", 0, "arrival rate, sessions (or requests) per second of model time (0: the workload's default or the trace's timestamps)")
 	fs.IntVar(&bf.cfg.Users, "users", 0, "closed loop with this many users instead of open-loop arrivals")
 	fs.DurationVar(&opts.Duration, "duration", 0, "span of arrivals (for traces: the part replayed, in trace time); 0: the workload's default or the whole trace")
@@ -128,7 +128,7 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 		return bf, err
 	}
 	bf.cfg.Profile = p
-	if bf.cfg.Policies, err = parsePolicies(policies, allPolicies(), bench.IsBalancer); err != nil {
+	if bf.cfg.Policies, err = parsePolicies(policyList, allPolicies(), bench.IsBalancer); err != nil {
 		return bf, err
 	}
 	bf.cfg.Seed = opts.Seed
@@ -203,7 +203,7 @@ func writeReport(w io.Writer, rep *results.Report, dir string) error {
 
 // allPolicies lists every policy and every real balancer installed here.
 func allPolicies() []string {
-	names := router.Names()
+	names := policies.Names()
 	for _, b := range balancer.Kinds() {
 		if ok, _ := balancer.Available(b); ok {
 			names = append(names, b)

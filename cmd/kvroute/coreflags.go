@@ -11,6 +11,8 @@ import (
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/kvroute"
+	"github.com/kvroute/kvroute/internal/router/policies"
 )
 
 // coreFlags are where serve and epp keep what the flags they share decide:
@@ -19,13 +21,13 @@ import (
 type coreFlags struct {
 	policy        *string
 	fleet         *fleet.Options
-	router        *router.Options
+	router        *policies.Options
 	sessionHeader *string
 }
 
 // register defines the shared flags on fs.
 func (c coreFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(c.policy, "policy", "kvroute", "routing policy: "+strings.Join(router.Names(), ", "))
+	fs.StringVar(c.policy, "policy", "kvroute", "routing policy: "+strings.Join(policies.Names(), ", "))
 	fs.StringVar(c.sessionHeader, "session-header", request.DefaultSessionHeader, "request header carrying the session key")
 	fs.DurationVar(&c.fleet.ScrapeInterval, "scrape-interval", time.Second, "how often backends' /metrics are scraped")
 	fs.DurationVar(&c.fleet.HealthInterval, "health-interval", time.Second, "how often backends' /health is checked")
@@ -39,7 +41,7 @@ func (c coreFlags) register(fs *flag.FlagSet) {
 	objectiveFlag(fs, &c.router.KVRoute.Objective)
 	fs.Func("goodput", "kvroute --objective goodput: the joint objective it serves, ttft=DURATION,tpot=DURATION (e.g. ttft=2s,tpot=50ms)", func(v string) error {
 		slo, err := results.ParseSLO(v)
-		c.router.KVRoute.SLO = router.SLO{TTFT: slo.TTFT, TPOT: slo.TPOT}
+		c.router.KVRoute.SLO = kvroute.SLO{TTFT: slo.TTFT, TPOT: slo.TPOT}
 		return err
 	})
 	fs.IntVar(&c.router.ResponsePins, "response-pins", router.DefaultResponsePins,
@@ -47,7 +49,7 @@ func (c coreFlags) register(fs *flag.FlagSet) {
 }
 
 // check validates the shared flags once parsed; on the command line
-// --response-pins 0 means none, in router.Options the default.
+// --response-pins 0 means none, in policies.Options the default.
 func (c coreFlags) check() error {
 	f, o := c.fleet, c.router
 	switch {

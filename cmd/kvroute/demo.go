@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/kvroute/kvroute/internal/bench"
-	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/policies"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -17,14 +17,14 @@ func parseDemoFlags(args []string, output io.Writer) (bench.DemoConfig, error) {
 	fs := flag.NewFlagSet("kvroute demo", flag.ContinueOnError)
 	fs.SetOutput(output)
 	var (
-		cfg      bench.DemoConfig
-		policies string
-		sessions int
+		cfg        bench.DemoConfig
+		policyList string
+		sessions   int
 	)
 	wl := workload.DemoChat()
 	fs.IntVar(&cfg.Backends, "backends", 4, "emulated backends")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", 0.2, "wall seconds per model second (0.2: five times faster than real time)")
-	fs.StringVar(&policies, "policies", "round-robin,kvroute", "policies to compare, comma-separated: "+strings.Join(router.Names(), ", "))
+	fs.StringVar(&policyList, "policies", "round-robin,kvroute", "policies to compare, comma-separated: "+strings.Join(policies.Names(), ", "))
 	fs.IntVar(&sessions, "sessions", wl.Sessions, "conversations in the workload")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the workload, the replies and the policies' tie-breaks")
 	fs.Usage = func() {
@@ -48,9 +48,9 @@ func parseDemoFlags(args []string, output io.Writer) (bench.DemoConfig, error) {
 	case sessions < 1:
 		return cfg, fmt.Errorf("--sessions must be at least 1, got %d", sessions)
 	}
-	for _, p := range strings.Split(policies, ",") {
+	for _, p := range strings.Split(policyList, ",") {
 		p = strings.TrimSpace(p)
-		if _, err := router.New(p, nil, router.Options{}); err != nil {
+		if _, err := policies.New(p, nil, policies.Options{}); err != nil {
 			return cfg, err
 		}
 		cfg.Policies = append(cfg.Policies, p)

@@ -71,7 +71,7 @@ var (
 	// reasonLine is a line of the router that sets a routing reason; its
 	// last string literal is the reason.
 	reasonLine = regexp.MustCompile(`(?i)^\s*[^/]*\breason\w*\b[^"]*(?:=|:)[^"]*(?:"[^"]*"[^"]*)*"([a-z][a-z0-9-]*)"`)
-	decideCall = regexp.MustCompile(`decide\([^,]+, "([a-z][a-z0-9-]*)"`)
+	decideCall = regexp.MustCompile(`(?i)\bdecide\([^,]+, "([a-z][a-z0-9-]*)"`)
 )
 
 // TestReadmeListsEveryRouteReason: every X-Kvroute-Route value the policies
@@ -84,6 +84,8 @@ func TestReadmeListsEveryRouteReason(t *testing.T) {
 	_, table, _ := strings.Cut(string(readme), "| policy | `X-Kvroute-Route` |")
 	table, _, _ = strings.Cut(table, "\n\n")
 	files, _ := filepath.Glob(filepath.Join("..", "..", "internal", "router", "*.go"))
+	policies, _ := filepath.Glob(filepath.Join("..", "..", "internal", "router", "*", "*.go"))
+	files = append(files, policies...)
 	files = append(files, filepath.Join("..", "..", "internal", "proxy", "forward.go"))
 	reasons := map[string]string{}
 	for _, f := range files {

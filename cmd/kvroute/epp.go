@@ -14,7 +14,7 @@ import (
 	"github.com/kvroute/kvroute/internal/epp"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/gctune"
-	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/policies"
 )
 
 // eppConfig is what the epp flags decide.
@@ -118,7 +118,7 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 	if cfg.gcFloor < 0 {
 		return cfg, fmt.Errorf("--gc-floor-mib must not be negative, got %d", cfg.gcFloor)
 	}
-	if _, err := router.New(sc.Policy, sc.Backends, sc.Router); err != nil {
+	if _, err := policies.New(sc.Policy, sc.Backends, sc.Router); err != nil {
 		return cfg, err
 	}
 	return cfg, nil

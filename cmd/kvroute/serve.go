@@ -17,7 +17,8 @@ import (
 	"github.com/kvroute/kvroute/internal/gctune"
 	"github.com/kvroute/kvroute/internal/peers"
 	"github.com/kvroute/kvroute/internal/proxy"
-	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/kvroute"
+	"github.com/kvroute/kvroute/internal/router/policies"
 	"github.com/kvroute/kvroute/internal/server"
 	"github.com/kvroute/kvroute/internal/upstream"
 )
@@ -36,7 +37,7 @@ type serveConfig struct {
 	fleet          fleet.Options
 	discovery      discoveryConfig
 	policy         string
-	policyOpts     router.Options
+	policyOpts     policies.Options
 	sessionHeader  string
 	logLevel       slog.Level
 	logFormat      logFormat
@@ -75,8 +76,8 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.server.Peers.ReconnectMax, "peer-reconnect-max", peers.DefaultReconnectMax, "longest wait before following a --peer's stream again after it failed (the waits double from 50ms)")
 	fs.DurationVar(&cfg.server.Peers.Interval, "peer-interval", peers.DefaultInterval, "how often the --peer replicas that do not stream are polled, and the stream's heartbeat")
 	fs.DurationVar(&cfg.server.Peers.Timeout, "peer-timeout", peers.DefaultTimeout, "limit of one poll of one --peer, of the wait for its stream, and of one line's write to a replica following this one")
-	fs.DurationVar(&cfg.policyOpts.KVRoute.PeerPush, "peer-push-delay", router.DefaultPeerPush, "with --peer-push and --kv-events: how late a --peer's pushed count may reach this replica; it then decides as one router but while its own picks come closer than this (a burst the others' counts have not caught up with: then as a replica, in its lane of the backends); 0: always as a replica")
-	fs.DurationVar(&cfg.policyOpts.KVRoute.PeerMaxAge, "peer-max-age", router.DefaultPeerMaxAge, "a --peer's counts older than this stop counting; the replica then scales its own by --replicas")
+	fs.DurationVar(&cfg.policyOpts.KVRoute.PeerPush, "peer-push-delay", kvroute.DefaultPeerPush, "with --peer-push and --kv-events: how late a --peer's pushed count may reach this replica; it then decides as one router but while its own picks come closer than this (a burst the others' counts have not caught up with: then as a replica, in its lane of the backends); 0: always as a replica")
+	fs.DurationVar(&cfg.policyOpts.KVRoute.PeerMaxAge, "peer-max-age", kvroute.DefaultPeerMaxAge, "a --peer's counts older than this stop counting; the replica then scales its own by --replicas")
 	fs.BoolVar(&cfg.explain, "explain-headers", false, "add the policy's predicted cached prompt tokens and TTFT to every response (X-Kvroute-Predicted-Cached, X-Kvroute-Predicted-Ttft-Ms); they tell clients what the fleet has cached, so only for trusted ones")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug (one line per request with its decision), info, warn or error")
 	cfg.logFormat = logText
@@ -153,7 +154,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	if len(cfg.server.Peers.Peers) == 0 || !cfg.server.Peers.Push {
 		cfg.policyOpts.KVRoute.PeerPush = 0 // polled counts are a poll old
 	}
-	if _, err := router.New(cfg.policy, cfg.backends, cfg.policyOpts); err != nil {
+	if _, err := policies.New(cfg.policy, cfg.backends, cfg.policyOpts); err != nil {
 		return cfg, err
 	}
 	if err := peers.Validate(cfg.server.Peers.Peers); err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/hugepages"
 	"github.com/kvroute/kvroute/internal/results"
-	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/policies"
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -43,7 +43,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	var (
 		sf          simFlags
 		spec        string
-		policies    string
+		policyList  string
 		profileName string
 		opts        workload.Options
 		kvBlocks    int
@@ -53,7 +53,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.StringVar(&spec, "workload", "chat", "workload: "+strings.Join(workload.Specs(), ", "))
 	fs.IntVar(&sf.cfg.Backends, "backends", 8, "simulated servers")
 	fs.IntVar(&sf.cfg.Routers, "routers", 1, "router replicas behind a random L4 split, each with its own policy state")
-	fs.StringVar(&policies, "policies", "kvroute,round-robin,least-request,session-hash", "policies to compare, comma-separated, or all: "+strings.Join(router.Names(), ", "))
+	fs.StringVar(&policyList, "policies", "kvroute,round-robin,least-request,session-hash", "policies to compare, comma-separated, or all: "+strings.Join(policies.Names(), ", "))
 	fs.Float64Var(&opts.Rate, "rate", 0, "arrival rate, sessions (or requests) per second (0: the workload's default or the trace's timestamps)")
 	fs.IntVar(&sf.cfg.Users, "users", 0, "closed loop with this many users instead of open-loop arrivals")
 	fs.DurationVar(&opts.Duration, "duration", 0, "span of arrivals (for traces: the part replayed, in trace time); 0: the workload's default or the whole trace")
@@ -127,7 +127,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 		return sf, err
 	}
 	sf.cfg.Profile = p.WithBlockSize(blockSize)
-	if sf.cfg.Policies, err = parsePolicies(policies, router.Names(), nil); err != nil {
+	if sf.cfg.Policies, err = parsePolicies(policyList, policies.Names(), nil); err != nil {
 		return sf, err
 	}
 	sf.cfg.Seed = opts.Seed

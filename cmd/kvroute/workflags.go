@@ -11,7 +11,8 @@ import (
 	"strings"
 
 	"github.com/kvroute/kvroute/internal/engine"
-	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/kvroute"
+	"github.com/kvroute/kvroute/internal/router/policies"
 	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -42,7 +43,7 @@ func parsePolicies(list string, all []string, external func(string) bool) ([]str
 	for _, name := range strings.Split(list, ",") {
 		name = strings.TrimSpace(name)
 		if external == nil || !external(name) {
-			if _, err := router.New(name, nil, router.Options{}); err != nil {
+			if _, err := policies.New(name, nil, policies.Options{}); err != nil {
 				return nil, err
 			}
 		}
@@ -102,17 +103,17 @@ func dataFile(path string) (string, error) {
 }
 
 // objectiveFlag defines --objective, kvroute's objective.
-func objectiveFlag(fs *flag.FlagSet, dst *router.Objective) {
+func objectiveFlag(fs *flag.FlagSet, dst *kvroute.Objective) {
 	names := make([]string, 0, 3)
-	for _, o := range router.Objectives() {
+	for _, o := range kvroute.Objectives() {
 		names = append(names, string(o))
 	}
-	*dst = router.Objectives()[0]
+	*dst = kvroute.Objectives()[0]
 	fs.Func("objective", "kvroute: what it minimises: "+strings.Join(names, ", ")+"; goodput serves --goodput's joint objective (default "+names[0]+")", func(v string) error {
-		if !slices.Contains(router.Objectives(), router.Objective(v)) {
+		if !slices.Contains(kvroute.Objectives(), kvroute.Objective(v)) {
 			return fmt.Errorf("unknown objective %q (have %s)", v, strings.Join(names, ", "))
 		}
-		*dst = router.Objective(v)
+		*dst = kvroute.Objective(v)
 		return nil
 	})
 }

@@ -20,7 +20,8 @@ import (
 	"github.com/kvroute/kvroute/internal/kvevents"
 	"github.com/kvroute/kvroute/internal/kvevents/follow"
 	"github.com/kvroute/kvroute/internal/proxy"
-	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/kvroute"
+	"github.com/kvroute/kvroute/internal/router/policies"
 	"github.com/kvroute/kvroute/internal/server"
 )
 
@@ -45,7 +46,7 @@ type FleetConfig struct {
 	// Seed seeds the policy and the emulators.
 	Seed uint64
 	// KVRoute tunes the kvroute policy (its objective).
-	KVRoute router.KVRouteConfig
+	KVRoute kvroute.Config
 	// KVEvents makes the emulators publish their KV events on loopback
 	// ports and the router follow them, as `serve --kv-events` would.
 	KVEvents bool
@@ -144,7 +145,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	// The router as `kvroute serve` runs it, on a loopback port of its own,
 	// its predictions in each response for the report's accuracy.
 	rs, err := server.Start(ctx, server.Config{Backends: backends, Fleet: opts, Policy: cfg.Policy,
-		Router: router.Options{Seed: cfg.Seed, KVRoute: cfg.KVRoute}, KVEvents: f.following(cfg.TokenizeTimeout),
+		Router: policies.Options{Seed: cfg.Seed, KVRoute: cfg.KVRoute}, KVEvents: f.following(cfg.TokenizeTimeout),
 		Proxy:  proxy.Config{Logger: logger, Resilience: scaledTimeouts(cfg), Explain: true},
 		Listen: "127.0.0.1:0", DrainDelay: -1, Logger: logger})
 	if err != nil {

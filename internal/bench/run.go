@@ -15,7 +15,7 @@ import (
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/progress"
 	"github.com/kvroute/kvroute/internal/results"
-	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/kvroute"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -50,7 +50,7 @@ type Config struct {
 	SLO results.SLO
 	// Objective is kvroute's objective (empty: its default); a policy
 	// named kvroute:OBJECTIVE overrides it.
-	Objective router.Objective
+	Objective kvroute.Objective
 	// Sample is the interval of the per-backend load samples, in model
 	// time (default 1 s).
 	Sample time.Duration
@@ -149,7 +149,7 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 		BackendURLs: cfg.BackendURLs,
 		Backends:    cfg.Backends, Profile: cfg.Profile, TimeScale: cfg.TimeScale,
 		Policy: policy, Seed: cfg.Seed, Logger: cfg.Logger,
-		KVRoute:  router.KVRouteConfig{Objective: cfg.Objective, SLO: router.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}},
+		KVRoute:  kvroute.Config{Objective: cfg.Objective, SLO: kvroute.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}},
 		KVEvents: cfg.KVEvents, TokenizeTimeout: cfg.TokenizeTimeout,
 	})
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/fleet"
-	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/policies"
 	"github.com/kvroute/kvroute/internal/server"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -202,7 +202,7 @@ func TestCacheHitRateMatchesServe(t *testing.T) {
 
 	bsServe := emulators(t, ctx, 4)
 	s, err := server.Start(ctx, server.Config{Backends: bsServe, Policy: "kvroute", Listen: "127.0.0.1:0",
-		DrainDelay: -1, Logger: quiet(), Router: router.Options{Seed: 1}})
+		DrainDelay: -1, Logger: quiet(), Router: policies.Options{Seed: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/fleet"
-	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/policies"
 	"github.com/kvroute/kvroute/internal/server"
 )
 
@@ -61,7 +61,7 @@ func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 // with an Envoy stand-in connected to it.
 func startPicker(t testing.TB, ctx context.Context, bs []*fleet.Backend, policy string, po Options) (*Server, *envoy) {
 	t.Helper()
-	s, err := Start(ctx, Config{CoreConfig: server.CoreConfig{Backends: bs, Policy: policy, Router: router.Options{Seed: 1}, Logger: quiet()},
+	s, err := Start(ctx, Config{CoreConfig: server.CoreConfig{Backends: bs, Policy: policy, Router: policies.Options{Seed: 1}, Logger: quiet()},
 		Picker: po, GRPCListen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)

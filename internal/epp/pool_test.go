@@ -23,7 +23,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/emulator"
-	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/policies"
 	"github.com/kvroute/kvroute/internal/server"
 )
 
@@ -138,7 +138,7 @@ func picksFollowPool(t *testing.T, policy string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := Start(ctx, Config{CoreConfig: server.CoreConfig{Discovery: d, Policy: policy, Router: router.Options{Seed: 1}, Logger: quiet()},
+	s, err := Start(ctx, Config{CoreConfig: server.CoreConfig{Discovery: d, Policy: policy, Router: policies.Options{Seed: 1}, Logger: quiet()},
 		Picker: Options{Fallbacks: 1}, GRPCListen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)

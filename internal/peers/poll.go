@@ -76,7 +76,7 @@ type Options struct {
 	// Pushed, when set, is told after every tick whether every peer's
 	// counts now come by its stream, none by a poll: a policy that takes
 	// pushed counts as all but exact must not take polled ones so
-	// (router.KVRouteConfig.PeersPushed).
+	// (kvroute.Config.PeersPushed).
 	Pushed *atomic.Bool
 }
 
@@ -341,7 +341,7 @@ func (p *Poller) applyAll() {
 // (their reports' Replica), sorted, as of the last tick or connected
 // stream: a peer gone silent leaves them within an Interval of MaxAge.
 // With this replica's own name they are what a burst's lanes are split by
-// (router.KVRouteConfig.Lanes), the same for every replica that hears the
+// (kvroute.Config.Lanes), the same for every replica that hears the
 // same peers. The slice is shared: the caller must not change it.
 func (p *Poller) Replicas() []string {
 	if ids := p.replicas.Load(); ids != nil {

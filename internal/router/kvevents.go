@@ -1,6 +1,8 @@
 package router
 
-import "github.com/kvroute/kvroute/internal/fleet"
+import (
+	"github.com/kvroute/kvroute/internal/fleet"
+)
 
 // KVEvents tells what backends hold from the engines' own KV events
 // (internal/kvevents follows vLLM's), where the prefix index only guesses.
@@ -22,19 +24,16 @@ type KVState struct {
 	Known, Exact bool
 }
 
-// eventCached corrects the index's prediction of a backend's cached prompt
-// tokens (sure: its tier 0; maybe: the recent tier) with what the
-// backend's events say: exact events replace both, partial ones raise them
-// to what they know is there. What the events count is real token ids, so
-// it is not cut to the router's estimate of the prompt's length (which
-// the caller bounds its uncached tokens by instead).
-func eventCached(k KVState, sure, maybe int) (int, int) {
-	t := k.Tokens
-	switch {
-	case k.Exact:
-		return t, t
-	case k.Known:
-		return max(sure, t), max(maybe, t)
-	}
-	return sure, maybe
+// KVHolders is what a KVEvents also offers when it can name the backends
+// its events say hold a prompt's deepest blocks without looking at every
+// backend (kvevents.Store.Deepest): a pruned pick then scores them too.
+// Without it, a backend whose events say it holds a prefix the index has
+// forgotten (evicted from the index's LRU, or placed by another router
+// replica) is scored only if it is among the least loaded.
+type KVHolders interface {
+	// Holders appends to dst, without repeating any already there, up to
+	// want backends holding the deepest part of req's prompt, deepest
+	// first, and returns dst. They need not be candidates. Safe for
+	// concurrent use.
+	Holders(req *Request, cands []*fleet.Backend, dst []int32, want int) []int32
 }

@@ -6,9 +6,8 @@ import (
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // ReasonResponse is the Decision.Reason of a Responses API request sent to
@@ -16,7 +15,7 @@ import (
 const ReasonResponse = "response"
 
 // DefaultResponsePins is how many response ids a router remembers the
-// backend of (Options.ResponsePins). An id costs 32.5 bytes of heap (a
+// backend of (policies.Options.ResponsePins). An id costs 32.5 bytes of heap (a
 // 64-bit hash and a pointer in the map, 8 bytes in the ring; measured by
 // BenchmarkPins), so the default holds 3.3 MB; at 100 responses a second
 // it remembers the last quarter of an hour, longer than a user takes to

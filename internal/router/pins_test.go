@@ -2,11 +2,9 @@ package router
 
 import (
 	"fmt"
+	"net/url"
 	"runtime"
-	"strings"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 )
@@ -51,51 +49,6 @@ func TestPinsForgetTheOldest(t *testing.T) {
 	}
 }
 
-// TestRouteFollowsResponses routes a conversation of responses through
-// every policy: the response a backend produced is continued there, with
-// the reason "response", whatever the policy would have chosen.
-func TestRouteFollowsResponses(t *testing.T) {
-	for _, name := range Names() {
-		t.Run(name, func(t *testing.T) {
-			bs := backends(4)
-			r, err := New(name, bs, Options{Seed: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			prev, home := "", (*Ticket)(nil)
-			for turn := range 8 {
-				req := &Request{Model: "m", Prompt: strings.Repeat(fmt.Sprintf("turn %d ", turn), 50), PreviousResponseID: prev}
-				tk, err := r.Route(req, bs)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if home != nil && (tk.Backend != home.Backend || tk.Reason != ReasonResponse) {
-					t.Fatalf("turn %d: %s (%s), want %s (response)", turn, tk.Backend.Name, tk.Reason, home.Backend.Name)
-				}
-				prev = fmt.Sprintf("resp_%d", turn)
-				o := Failed(200)
-				o.ResponseID = prev
-				tk.Finish(o)
-				if home == nil {
-					home = tk
-				}
-			}
-			// A failed response teaches nothing.
-			tk, _ := r.Route(&Request{Model: "m", Prompt: "x"}, bs)
-			tk.Finish(Outcome{Status: 500, ResponseID: "resp_failed"})
-			if _, pinned := r.pins.narrow("resp_failed", bs); pinned {
-				t.Error("a failed response was pinned")
-			}
-			if got := r.pins.learned.Load(); got != 8 {
-				t.Errorf("learned %d, want 8", got)
-			}
-			if n := testutil.CollectAndCount(r.Collector()); n != 5 {
-				t.Errorf("%d series, want 5 (3 results, entries, learned)", n)
-			}
-		})
-	}
-}
-
 // BenchmarkPins measures learning a response id and looking one up, as
 // every Responses API request does, from many goroutines at once, with
 // the pins full; and reports the heap an id takes.
@@ -130,3 +83,15 @@ func BenchmarkPins(b *testing.B) {
 }
 
 var pinSink []*fleet.Backend
+
+// backends returns n backends serving model m (the policies' tests use
+// routertest.Backends, which this package cannot import).
+func backends(n int) []*fleet.Backend {
+	bs := make([]*fleet.Backend, n)
+	for i := range bs {
+		u, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", 8001+i))
+		bs[i] = fleet.NewBackend(i, fmt.Sprintf("b%d", i), u)
+		bs[i].SetInfo(&fleet.Info{Models: []string{"m"}, BlockSize: 16, KVBlocks: 25_000})
+	}
+	return bs
+}

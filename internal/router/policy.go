@@ -1,75 +1,98 @@
 package router
 
 import (
-	"cmp"
-	"strings"
+	"errors"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 )
 
-// Options configure the policies built by New.
-type Options struct {
-	// Seed seeds random choices; 0 picks a random seed.
-	Seed uint64
-	// KVRoute tunes the kvroute policy.
-	KVRoute KVRouteConfig
-	// Peers tunes the policies reimplemented from other routers.
-	Peers PeerConfig
-	// Metrics returns a backend's latest scraped metrics, or nil when there
-	// are none or they are stale (fleet.Fleet.Metrics does both). Policies
-	// that read scraped load (llmd-default; kvroute for engines with slots)
-	// fall back to the router's own counts without it. Nil means no scraped
-	// metrics. Must be safe for concurrent use and must not block.
-	Metrics func(*fleet.Backend) *fleet.Metrics
-	// Now is the policies' clock; nil means time.Now. The simulator passes
-	// its virtual clock.
-	Now func() time.Time
-	// Tokens is the router's prompt-length estimator, which New shares
-	// with the policy; nil means a fresh one.
-	Tokens *Tokens
-	// ResponsePins is how many Responses API response ids the Router
-	// remembers the backend of, to send the requests that continue them
-	// there (0: DefaultResponsePins; negative: none).
-	ResponsePins int
+// ErrNoBackend means no backend can take the request; the proxy answers 503.
+var ErrNoBackend = errors.New("no backend available")
+
+// Decision is a policy's choice and its explanation.
+type Decision struct {
+	// Backend is the chosen backend.
+	Backend *fleet.Backend
+	// Reason says why, in a word: "prefix", "session", "least-cost",
+	// "spill", "round-robin", "least-request", "hash", ...
+	Reason string
+	// Cached is how many of the request's prompt tokens the policy expects
+	// the backend to have cached (0 for policies that do not know). The
+	// router counts the rest as prefill queued there until the first token.
+	Cached int
+	// PredictedTTFT is the policy's predicted time to first token; 0 for
+	// policies that do not predict.
+	PredictedTTFT time.Duration
+	// Scores explains the choice, one entry per candidate (kvroute, among
+	// more than 16: the chosen one and the 15 cheapest others); nil for
+	// policies that do not score.
+	Scores []Score
+	// Done, when not nil, is called once with the request's outcome: a
+	// learning policy keeps what it needs to learn from this pick in it, as
+	// gRPC's PickResult.Done does. The Ticket calls it; it must not block.
+	Done func(Outcome)
 }
 
-// registry is every policy New knows, the default first: --help, config
-// validation, the bench and the simulator all read this one list.
-var registry = []Spec{
-	{"kvroute", "kvroute's cost model: predicted TTFT (cached prefix, queued prefill, KV room) plus its stream and its delay to the streams there",
-		func(bs []*fleet.Backend, o Options) Policy {
-			cfg := o.KVRoute
-			cfg.Seed = cmp.Or(cfg.Seed, o.Seed)
-			if cfg.Now == nil {
-				cfg.Now = o.Now
-			}
-			if cfg.Metrics == nil {
-				cfg.Metrics = o.Metrics
-			}
-			if cfg.Tokens == nil {
-				cfg.Tokens = o.Tokens
-			}
-			return NewKVRoute(bs, cfg)
-		}},
-	{"round-robin", "each backend in turn", func([]*fleet.Backend, Options) Policy { return &RoundRobin{} }},
-	{"least-request", "fewest requests in flight, random among ties",
-		func(_ []*fleet.Backend, o Options) Policy { return NewLeastRequest(o.Seed) }},
-	{"session-hash", "consistent hashing of the session key (nginx hash consistent, HAProxy balance hdr)",
-		func(bs []*fleet.Backend, o Options) Policy { return NewSessionHash(bs, o.Seed) }},
-	{"random", "a uniformly random backend", func(_ []*fleet.Backend, o Options) Policy { return NewRandom(o.Seed) }},
-	{"p2c", "power of two choices: the lighter of two random backends",
-		func(_ []*fleet.Backend, o Options) Policy { return NewP2C(o.Seed) }},
-	{"session-bounded", "consistent hashing with bounded loads (Mirrokni et al.)",
-		func(bs []*fleet.Backend, o Options) Policy { return NewSessionBounded(bs, o) }},
-	{"sglang-cache-aware", "SGLang router's cache-aware policy: longest character prefix unless imbalanced",
-		func(_ []*fleet.Backend, o Options) Policy { return NewSGLangCacheAware(o) }},
-	{"dynamo-kv", "NVIDIA Dynamo's KV router cost: prefill blocks + decode blocks",
-		func(bs []*fleet.Backend, o Options) Policy { return NewDynamoKV(bs, o) }},
-	{"llmd-default", "llm-d's default scorers: queue depth, KV utilisation, prefix match",
-		func(bs []*fleet.Backend, o Options) Policy { return NewLLMDDefault(bs, o) }},
-	{"preble-e2", "Preble's E2: exploit a cached prefix longer than the rest, else explore by load",
-		func(bs []*fleet.Backend, o Options) Policy { return NewPrebleE2(bs, o) }},
+// Score is one candidate's evaluation by a scoring policy.
+type Score struct {
+	// Backend is the candidate's name.
+	Backend string
+	// Cost is the policy's cost; lower is better (for kvroute: seconds).
+	Cost float64
+	// TTFT is the predicted time to first token there; 0 if not predicted.
+	TTFT time.Duration
+	// Cached is the predicted cached prompt tokens there.
+	Cached int
 }
 
-func names() string { return strings.Join(Names(), ", ") }
+// Policy picks a backend for a request. Implementations are safe for
+// concurrent use and must not block.
+type Policy interface {
+	// Name is the policy's --policy value.
+	Name() string
+	// Pick chooses one of cands: healthy backends that serve req.Model,
+	// never empty, in fleet order. req.PromptTokens is set (the Router
+	// estimates it when the caller did not count it).
+	Pick(req *Request, cands []*fleet.Backend) (Decision, error)
+}
+
+// FleetWatcher is implemented by policies that keep state per backend
+// index. SetBackends tells them the fleet's whole new set of backends, in
+// fleet order, whenever it changes (fleet.Fleet.Watch, through
+// Router.SetBackends): they make room for indexes beyond those they were
+// built for, before any such backend is a candidate, and forget what they
+// learned about backends no longer in the set. Indexes are never reused, so
+// a removed backend's requests still in flight may finish into state that
+// is no longer read. SetBackends is safe for concurrent use with Pick and
+// Done; it may take locks and allocate.
+type FleetWatcher interface {
+	SetBackends(backends []*fleet.Backend)
+}
+
+// Outcome is what happened to a routed request, as its driver (the proxy,
+// the simulator) saw it.
+type Outcome struct {
+	// Status is the backend's HTTP status; 0 if it never answered.
+	Status int
+	// PromptTokens, CachedTokens and CompletionTokens come from the
+	// response's usage; -1 when it had none.
+	PromptTokens, CachedTokens, CompletionTokens int
+	// TTFT is the time from routing to the first byte of the response body
+	// (of the first token, when streaming); Latency to its end.
+	TTFT, Latency time.Duration
+	// Tokens is the number of streamed chunks carrying content (0 when not
+	// streaming).
+	Tokens int
+	// ResponseID is the id of the Responses API response the backend
+	// produced ("" for other requests): the Router remembers which
+	// backend holds it, for the requests that continue it.
+	ResponseID string
+}
+
+// Failed returns the outcome of an attempt that got no usable answer:
+// the backend was not reached, or answered status (0 when it never did)
+// before any of the response reached the client.
+func Failed(status int) Outcome {
+	return Outcome{Status: status, PromptTokens: -1, CachedTokens: -1, CompletionTokens: -1}
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/kvroute/kvroute/internal/kvevents/follow"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/policies"
 )
 
 // CoreConfig describes what every router front shares: the fleet, where
@@ -28,10 +29,10 @@ type CoreConfig struct {
 	Discovery *discovery.Discovery
 	// Fleet configures health checks, scrapes and outlier ejection.
 	Fleet fleet.Options
-	// Policy is the routing policy's name (router.Names); Router its
+	// Policy is the routing policy's name (policies.Names); Router its
 	// options (Metrics is filled in from the fleet).
 	Policy string
-	Router router.Options
+	Router policies.Options
 	// KVEvents, when not nil, follows the backends' engine KV events and
 	// gives kvroute their exact cached blocks (internal/kvevents); its
 	// Metrics and Log are filled in.
@@ -74,7 +75,7 @@ func NewCore(ctx context.Context, cfg CoreConfig) (*Core, error) {
 	cfg.Router.Metrics = fl.Metrics // for policies that read scraped load
 	c := &Core{Fleet: fl, discovery: cfg.Discovery, log: log}
 	c.newEvents(&cfg)
-	rt, err := router.New(cfg.Policy, cfg.Backends, cfg.Router)
+	rt, err := policies.New(cfg.Policy, cfg.Backends, cfg.Router)
 	if err != nil {
 		if cfg.Discovery != nil {
 			cfg.Discovery.Close()

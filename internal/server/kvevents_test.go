@@ -17,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/internal/kvevents"
 	"github.com/kvroute/kvroute/internal/kvevents/follow"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/policies"
 )
 
 // eventingEmulator is an in-process emulator publishing its KV events on
@@ -186,7 +187,7 @@ func TestKVEventsLivePrediction(t *testing.T) {
 		}
 		cfg := Config{Backends: bs, Policy: "kvroute", Listen: "127.0.0.1:0", DrainDelay: -1, Grace: 5 * time.Second,
 			Fleet:  fleet.Options{HealthInterval: 100 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond, Timeout: time.Second},
-			Logger: testLogger(t), Router: router.Options{Seed: 1}}
+			Logger: testLogger(t), Router: policies.Options{Seed: 1}}
 		if events {
 			cfg.KVEvents = &follow.FollowConfig{Endpoints: endpoints, Topic: "kv", Retry: 50 * time.Millisecond, Tokenizer: patientTokenizer()}
 		}

@@ -16,7 +16,8 @@ import (
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/peers"
-	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/kvroute"
+	"github.com/kvroute/kvroute/internal/router/policies"
 )
 
 // Two router replicas in front of one emulator: a stream through replica
@@ -48,7 +49,7 @@ func testReplicasShare(t *testing.T, push bool, interval time.Duration) {
 		}
 		s, err := Start(ctx, Config{
 			Backends: []*fleet.Backend{b}, Policy: "kvroute", Listen: "127.0.0.1:0", MetricsListen: metricsListen,
-			Router:     router.Options{KVRoute: router.KVRouteConfig{Replicas: 2}},
+			Router:     policies.Options{KVRoute: kvroute.Config{Replicas: 2}},
 			Peers:      peers.Options{Peers: peerURLs, Interval: interval, Push: push},
 			DrainDelay: -1, Logger: fleetLogger(),
 		})
@@ -124,7 +125,7 @@ func TestShutdownEndsPeerStreams(t *testing.T) {
 	}
 	s, err := Start(ctx, Config{
 		Backends: []*fleet.Backend{b}, Policy: "kvroute", Listen: "127.0.0.1:0",
-		Router:     router.Options{KVRoute: router.KVRouteConfig{Replicas: 2}},
+		Router:     policies.Options{KVRoute: kvroute.Config{Replicas: 2}},
 		Peers:      peers.Options{Peers: []string{"http://127.0.0.1:1"}, Push: true},
 		DrainDelay: -1, Grace: time.Hour, Logger: fleetLogger(),
 	})

@@ -27,6 +27,8 @@ import (
 	"github.com/kvroute/kvroute/internal/peers"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/kvroute"
+	"github.com/kvroute/kvroute/internal/router/policies"
 )
 
 // Defaults of Config. Each is in docs/operations.md with its reason.
@@ -64,10 +66,10 @@ type Config struct {
 	Discovery *discovery.Discovery
 	// Fleet configures health checks, scrapes and outlier ejection.
 	Fleet fleet.Options
-	// Policy is the routing policy's name (router.Names); Router its
+	// Policy is the routing policy's name (policies.Names); Router its
 	// options (Metrics is filled in from the fleet).
 	Policy string
-	Router router.Options
+	Router policies.Options
 	// Proxy configures the proxy; its Fleet and Router are filled in.
 	Proxy proxy.Config
 	// Listen is the API's address ("127.0.0.1:0" picks a free port).
@@ -185,7 +187,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		po.MaxAge = cfg.Router.KVRoute.PeerMaxAge
 	}
 	if po.MaxAge <= 0 {
-		po.MaxAge = router.DefaultPeerMaxAge
+		po.MaxAge = kvroute.DefaultPeerMaxAge
 	}
 	// The stream's heartbeat is what keeps a quiet replica's counts fresh
 	// at its followers: well within the age past which they stop counting.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/policies"
 	"github.com/kvroute/kvroute/internal/shareddata/sharedtest"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -69,7 +69,7 @@ func runDigest(t *testing.T, cfg Config) map[string]uint64 {
 //
 // Changed for kvroute on chat (two replicas) alone: behind replicas it
 // places unseen sessions on the cost without the stream's price and leaves
-// out the delay to the streams in flight (kvroute_replicas.go), whose
+// out the delay to the streams in flight (internal/router/kvroute/replicas.go), whose
 // counts replicas only estimate. This test's chat run: hit rate 75.2 →
 // 79.3 % (kvroute:ttft 79.5 %), TTFT p99 505 → 501 ms, e2e p99 2.56 →
 // 2.58 s; docs/BENCHMARKS.md (Router replicas) has the larger fleets.
@@ -95,13 +95,14 @@ func runDigest(t *testing.T, cfg Config) map[string]uint64 {
 // 95.6 %), TTFT p99 0.27 → 0.10 s, hit rate 93.2 → 95.7 %; Mooncake at
 // 3×, goodput 81.4 → 82.7 %, TTFT p99 5.78 → 5.95 s, ITL p99 95 → 103 ms.
 //
-// kvroute's pruned pick (kvroute_prune.go) leaves these digests as they
-// were: it starts above 64 backends, and these fleets have 4 and 8. Its
+// kvroute's pruned pick (internal/router/kvroute/prune.go) leaves these
+// digests as they were: it starts above 64 backends, and these fleets have
+// 4 and 8. Its
 // agreement with the full scan at 96 servers is TestPrunedPickMatchesFullScan.
 func TestDecisionsUnchanged(t *testing.T) {
-	policies := append(router.Names(), "kvroute:ttft")
+	names := append(policies.Names(), "kvroute:ttft")
 	chat := Config{Workload: chatWorkload(t, 60), Backends: 4, Routers: 2, Profile: profile(t),
-		Policies: policies, Seed: 5}
+		Policies: names, Seed: 5}
 	check(t, "chat", runDigest(t, chat), map[string]uint64{
 		"dynamo-kv": 0x32a1360d26d45f8a, "kvroute": 0xf5e34993a119787f, "kvroute:ttft": 0xf49644adf49e6190, "least-request": 0x45da9dda68fc747b,
 		"llmd-default": 0x502c9237514f92d, "p2c": 0x7ae85ccd31ee4a91, "preble-e2": 0x130ca9072bcd8671,
@@ -114,7 +115,7 @@ func TestDecisionsUnchanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mooncake := Config{Workload: w, Backends: 8, Profile: profile(t).WithBlockSize(512), Policies: policies, Seed: 9}
+	mooncake := Config{Workload: w, Backends: 8, Profile: profile(t).WithBlockSize(512), Policies: names, Seed: 9}
 	check(t, "mooncake", runDigest(t, mooncake), map[string]uint64{
 		"dynamo-kv": 0x361be83e82667e72, "kvroute": 0x2e92c08865a14d7f, "kvroute:ttft": 0x926f9162983e960b, "least-request": 0x718d28576665ba37,
 		"llmd-default": 0x50384c61a3a70bbc, "p2c": 0x613ee462bf434ce6, "preble-e2": 0x84e84ab190bd5f17,

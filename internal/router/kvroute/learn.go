@@ -1,0 +1,265 @@
+package kvroute
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/router"
+)
+
+// learned is what kvroute has learned from outcomes, as one immutable
+// snapshot: the learner publishes a new one after every outcome and Pick
+// reads the latest without a lock.
+type learned struct {
+	speed    speed     // the TTFT model fitted over the whole fleet
+	decode   decodeFit // the time between tokens, fitted over the whole fleet
+	meanSlow float64   // the mean over backends of observed/predicted TTFT
+	hold     float64   // mean seconds a token of KV is held
+	life     float64   // mean seconds a request is in flight
+	odds     float64   // that a token only recent remembers is still cached
+}
+
+// learner owns the decayed sums behind each learned value. Outcomes update
+// it under mu; each update publishes a new snapshot (last) and the
+// backend's slowness ratio, which picks read without the lock.
+type learner struct {
+	mu     sync.Mutex
+	pooled speed
+	decode decodeFit
+	// observed and predicted are each backend's decayed sums of TTFTs and
+	// of what the pooled fit predicted for them, by backend index; ratio
+	// holds their quotient (float64 bits) for Pick; sumSlow is the sum of
+	// the quotients.
+	observed, predicted []float64
+	ratio               atomic.Pointer[[]atomic.Uint64] // replaced, values copied, when the fleet grows
+	sumSlow             float64
+	// live marks the indexes of the backends in the fleet, and nLive counts
+	// them: the mean slowness is over these (SetBackends).
+	live     []bool
+	nLive    int
+	capacity []int // index capacity in blocks last derived from Info, by backend index
+	// hold: the requests' lifetimes weighted by their tokens (decayed
+	// sums), since the long requests are the ones that hold the cache;
+	// life: their plain mean.
+	holdSum, holdWeight float64
+	lifeSum, lifeN      float64
+	// recentHit and recentSeen are decayed sums of the prompt tokens that
+	// recent alone predicted cached on the chosen backend and of those the
+	// backend had: their ratio is the odds that such a token is cached.
+	recentHit, recentSeen float64
+
+	last atomic.Pointer[learned]
+}
+
+func (l *learner) init(n int) {
+	l.pooled = newSpeed()
+	l.decode = newDecodeFit()
+	l.observed = make([]float64, n)
+	l.predicted = make([]float64, n)
+	ratio := make([]atomic.Uint64, n)
+	l.ratio.Store(&ratio)
+	l.capacity = make([]int, n)
+	l.live = make([]bool, n)
+	l.nLive = n
+	l.holdSum, l.holdWeight = priorHold, 1
+	l.lifeSum, l.lifeN = priorHold, 1
+	l.recentHit, l.recentSeen = priorRecent/2, priorRecent
+	for i := range n {
+		l.observed[i], l.predicted[i] = priorSlowness, priorSlowness
+		ratio[i].Store(math.Float64bits(l.observed[i] / l.predicted[i]))
+		l.live[i] = true
+	}
+	l.sumSlow = float64(n)
+	l.publish()
+}
+
+// snapshot returns the latest learned values.
+func (l *learner) snapshot() *learned { return l.last.Load() }
+
+// slowRatios returns every backend's observed over predicted TTFT (float64
+// bits), by backend index; read once per pick.
+func (l *learner) slowRatios() []atomic.Uint64 { return *l.ratio.Load() }
+
+// setBackends makes room for every backend of bs, starts the ones new to
+// the learner at the prior, and forgets the learned slowness of those no
+// longer in bs, whose indexes it returns.
+func (l *learner) setBackends(bs []*fleet.Backend) (gone []int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := len(l.observed)
+	for _, b := range bs {
+		n = max(n, b.Index+1)
+	}
+	if n > len(l.observed) {
+		old := *l.ratio.Load()
+		ratio := make([]atomic.Uint64, n)
+		for i := range old {
+			ratio[i].Store(old[i].Load())
+		}
+		for range n - len(l.observed) {
+			l.observed = append(l.observed, priorSlowness)
+			l.predicted = append(l.predicted, priorSlowness)
+			l.capacity = append(l.capacity, 0)
+			l.live = append(l.live, false)
+		}
+		l.ratio.Store(&ratio)
+	}
+	want := make([]bool, n)
+	for _, b := range bs {
+		want[b.Index] = true
+	}
+	ratio := *l.ratio.Load()
+	for i := range n {
+		if want[i] == l.live[i] {
+			continue
+		}
+		if !want[i] {
+			l.sumSlow -= l.observed[i] / l.predicted[i]
+			l.nLive--
+			gone = append(gone, i)
+		}
+		l.observed[i], l.predicted[i], l.capacity[i] = priorSlowness, priorSlowness, 0
+		r := l.observed[i] / l.predicted[i]
+		ratio[i].Store(math.Float64bits(r))
+		if want[i] {
+			l.sumSlow += r
+			l.nLive++
+		}
+		l.live[i] = want[i]
+	}
+	l.publish()
+	return gone
+}
+
+// publish makes the current sums the snapshot picks read. Call with mu held
+// (or before the policy is shared).
+func (l *learner) publish() {
+	l.last.Store(&learned{
+		speed:    l.pooled,
+		decode:   l.decode,
+		meanSlow: l.sumSlow / float64(max(l.nLive, 1)),
+		hold:     l.holdSum / l.holdWeight,
+		life:     l.lifeSum / l.lifeN,
+		odds:     l.recentHit / l.recentSeen,
+	})
+}
+
+// picked is what one kvroute decision needs to learn from its outcome: the
+// request, where it went, what the two tiers predicted cached there, and the
+// load it found.
+type picked struct {
+	policy      *Policy
+	req         *router.Request
+	backend     *fleet.Backend
+	sure, maybe int     // tokens predicted cached by the index and by recent
+	queued      int64   // prefill tokens queued there when routed (the router's count)
+	decoding    int64   // requests decoding there when routed
+	requests    int64   // requests in flight there when routed
+	kv          int64   // context tokens they held (the router's count)
+	work        float64 // seconds of prefill it was expected to cost there
+	routed      float64 // the backend's prefill seconds ever routed, before it
+	inverse     float64 // 1/its expected tokens, counted in the backend's until done
+}
+
+// done is the Decision's Done: it learns each backend's TTFT model, the
+// odds of recent's memory, how long KV is held, corrects the index's
+// capacity for a backend whose cache held less than predicted, and forgets
+// what a failed request was expected to leave in a backend's cache.
+func (k *picked) done(o router.Outcome) {
+	p, b := k.policy, k.backend
+	stall := k.release()
+	p.prune.settle(b)
+	if o.Status == 0 || o.Status >= 500 {
+		// The backend never computed the prompt: take back what Pick told
+		// the index it would hold beyond what it held already.
+		ratio := p.cfg.Tokens.Ratio()
+		held := int(float64(k.sure) * ratio / float64(p.cfg.BlockBytes))
+		maybe := held
+		if k.maybe > k.sure {
+			maybe = int(float64(k.maybe) * ratio / float64(p.cfg.BlockBytes))
+		}
+		hashes := k.req.PrefixHashes(nil, p.cfg.BlockBytes)
+		p.index.Forget(b.Index, hashes, held)
+		p.index.ForgetTier(recentTier, b.Index, hashes, maybe)
+		return
+	}
+	if o.Status != 200 || o.PromptTokens <= 0 {
+		return
+	}
+	p.outputs.observe(k.req, o.CompletionTokens)
+	l := &p.learner
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k.learnDecode(l, o, stall)
+	if k.maybe > k.sure && o.CachedTokens >= 0 {
+		extra := float64(k.maybe - k.sure)
+		l.recentHit = l.recentHit*recentDecay + clamp(float64(o.CachedTokens-k.sure), 0, extra)
+		l.recentSeen = l.recentSeen*recentDecay + extra
+	}
+	if o.Latency > 0 {
+		w := float64(o.PromptTokens + max(o.CompletionTokens, 0))
+		l.holdSum = l.holdSum*holdDecay + w*o.Latency.Seconds()
+		l.lifeSum = l.lifeSum*holdDecay + o.Latency.Seconds()
+		l.lifeN = l.lifeN*holdDecay + 1
+		l.holdWeight = l.holdWeight*holdDecay + w
+	}
+	// Speeds are learned only from requests that found no prefill waiting
+	// on their backend (the router's exact count): their TTFT is their own
+	// prefill. With a queue ahead, how much of it was still to do is itself
+	// an estimate from the learned rate, and fitting the rate to it feeds
+	// its errors back into it.
+	// A backend removed from the fleet since the pick teaches the pooled
+	// fit but keeps no slowness or capacity of its own.
+	live := l.live[b.Index]
+	if o.CachedTokens >= 0 && o.TTFT > 0 && k.queued == 0 {
+		m, c := float64(o.PromptTokens-o.CachedTokens), float64(o.CachedTokens)
+		decoding := float64(k.decoding)
+		if i := b.Index; live {
+			l.sumSlow -= l.observed[i] / l.predicted[i]
+			l.observed[i] = l.observed[i]*slownessDecay + o.TTFT.Seconds()
+			l.predicted[i] = l.predicted[i]*slownessDecay + l.pooled.predict(m, c, decoding)
+			r := l.observed[i] / l.predicted[i]
+			l.sumSlow += r
+			(*l.ratio.Load())[i].Store(math.Float64bits(r))
+		}
+		l.pooled.observe(m, c, decoding, o.TTFT.Seconds())
+	}
+	l.publish()
+	if live {
+		p.resize(b, k.sure, o.CachedTokens)
+	}
+}
+
+// resize sets the index's capacity for b: the KV the backend reports, in
+// blocks of prompt text; shrunk when the backend had evicted what the index
+// still believed cached (predicted tokens, of which it reported cached) —
+// it serves other traffic, or its cache is smaller than it says — and
+// regrown slowly when predictions hold. Call with the learner's mu held.
+func (p *Policy) resize(b *fleet.Backend, predicted, cached int) {
+	l := &p.learner
+	full := p.blocksFor(p.cfg.DefaultKVTokens)
+	if info := b.Info(); info != nil && info.KVTokens() > 0 {
+		full = p.blocksFor(info.KVTokens())
+	}
+	c := l.capacity[b.Index]
+	if c == 0 || c > full {
+		c = full
+	}
+	blockTokens := int(float64(p.cfg.BlockBytes) / p.cfg.Tokens.Ratio())
+	switch {
+	case cached < 0:
+	case cached+blockTokens < predicted:
+		c = max(1, int(float64(c)*capacityShrink))
+	case c < full:
+		c = min(full, c+max(1, full/256))
+	}
+	if c != l.capacity[b.Index] {
+		l.capacity[b.Index] = c
+		p.index.SetCapacity(b.Index, c)
+	}
+	if p.index.TierCapacity(recentTier, b.Index) != recentFactor*full {
+		p.index.SetTierCapacity(recentTier, b.Index, recentFactor*full)
+	}
+}

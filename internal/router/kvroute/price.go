@@ -1,0 +1,132 @@
+package kvroute
+
+import (
+	"log/slog"
+	"math"
+	"slices"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+)
+
+// candidate is what Pick works out about one backend before costing it.
+type candidate struct {
+	cached int     // prompt tokens expected cached there
+	sure   int     // of which the index holds
+	maybe  int     // prompt tokens recent holds there
+	miss   float64 // prompt tokens to compute there
+	slow   float64 // its TTFTs over the fleet's, relative to the mean
+	queued float64 // seconds of prefill ahead there
+	own    float64 // seconds of the request's own prefill there
+	ttft   float64 // predicted TTFT there, seconds
+	cost   float64 // what the choice minimises
+	stream float64 // of which the stream's price (decode.go)
+}
+
+// candidates works out, for every candidate, the prompt tokens expected
+// cached there, its slowness, the prefill queued ahead and the request's own
+// prefill; and the least prefill queued on any (the fleet's backlog).
+func (p *Policy) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned, ratio float64, promptTokens int, nowS float64) ([]candidate, float64) {
+	s.cand = slices.Grow(s.cand[:0], len(cands))[:len(cands)]
+	cand := s.cand
+	clear(cand)
+	slow := p.learner.slowRatios()
+	backlog := math.Inf(1)
+	for i, b := range cands {
+		c := &cand[i]
+		c.sure = min(promptTokens, int(float64(s.matched[b.Index]*p.cfg.BlockBytes)/ratio))
+		c.maybe = max(c.sure, min(promptTokens, int(float64(s.recent[b.Index]*p.cfg.BlockBytes)/ratio)))
+		if p.cfg.Events != nil {
+			c.sure, c.maybe = eventCached(s.events[i], c.sure, c.maybe)
+		}
+		c.cached = expectedCached(c.sure, c.maybe, ln.odds)
+		c.slow = slowness(math.Float64frombits(slow[b.Index].Load()), ln.meanSlow)
+		c.miss = float64(max(0, promptTokens-c.cached))
+		if own := s.loads[i].PrefillTokens - s.peer[i].tokens; own > 0 {
+			c.queued = s.drains[i].left(nowS, c.slow*ln.speed.prefill(float64(own), 0))
+		}
+		c.queued += s.peer[i].wait(func(tokens float64) float64 { return c.slow * ln.speed.prefill(tokens, 0) })
+		c.own = c.slow * ln.speed.prefill(c.miss, float64(c.cached))
+		backlog = min(backlog, c.queued)
+	}
+	return cand, backlog
+}
+
+// cost sets every candidate's predicted TTFT and cost (the sum of its
+// terms), for a request that needs st.need tokens of KV, and returns the
+// cheapest and the floor and TTFT floor of the tie window (see tieWindow).
+func (p *Policy) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.Load, ln *learned, penalty, bound float64, st *streamCost) (best int, floor, floorTTFT float64) {
+	best, floor, floorTTFT = -1, math.Inf(1), math.Inf(1)
+	for i, b := range cands {
+		c := &cand[i]
+		t := p.terms(i, b, c, loads[i], ln, penalty, st)
+		ttft, cost := t.ttft(), t.cost()
+		c.stream = t.stream
+		if float64(loads[i].Requests+1) > bound {
+			cost = math.Inf(1) // over the load bound: only if all are
+		}
+		c.ttft, c.cost = ttft, cost
+		if best < 0 || cost < cand[best].cost {
+			best = i
+		}
+		// The cost on an idle backend: what no choice can avoid, and the
+		// TTFT there, whose error makes near costs ties.
+		floor = min(floor, c.slow*ln.speed.overhead+(1+penalty)*c.own+st.idle)
+		floorTTFT = min(floorTTFT, c.slow*ln.speed.overhead+c.own)
+	}
+	best, floor = st.misses(cand, best, floor)
+	return best, floor, floorTTFT + st.noise()
+}
+
+// terms is one candidate's cost, term by term, in seconds: cost sums them,
+// and a debug log or a test lists them by name (LogValue).
+type terms struct {
+	// queued is the prefill queued ahead of the request there.
+	queued float64
+	// compute is the request's own time to first token on an idle queue:
+	// the overhead, its uncached prefill and the decoding batch's slowdown,
+	// scaled by the backend's slowness.
+	compute float64
+	// kvWait is the wait until the backend's KV cache has room for it.
+	kvWait float64
+	// slotWait is the wait for a free slot, on engines that report slots.
+	slotWait float64
+	// miss is MissPenalty times its prefill there: what recomputing a
+	// prefix costs the requests queued behind it.
+	miss float64
+	// stream is the price of its stream there and of its delay to the
+	// streams in flight there (decode.go).
+	stream float64
+}
+
+// ttft is the predicted time to first token: the terms before miss.
+func (t terms) ttft() float64 { return t.queued + t.compute + t.kvWait + t.slotWait }
+
+// cost is what the choice minimises.
+func (t terms) cost() float64 { return t.ttft() + t.miss + t.stream }
+
+// LogValue lists the terms by name.
+func (t terms) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Float64("queued", t.queued), slog.Float64("compute", t.compute),
+		slog.Float64("kv_wait", t.kvWait), slog.Float64("slot_wait", t.slotWait),
+		slog.Float64("miss", t.miss), slog.Float64("stream", t.stream))
+}
+
+// terms prices candidate i, backend b with load l, as cost sums it; c holds
+// what candidates worked out about it.
+func (p *Policy) terms(i int, b *fleet.Backend, c *candidate, l fleet.Load, ln *learned, penalty float64, st *streamCost) terms {
+	t := terms{queued: c.queued, compute: c.slow * ln.speed.predict(c.miss, float64(c.cached), float64(l.Decoding))}
+	kv := float64(p.cfg.DefaultKVTokens)
+	if info := b.Info(); info != nil && info.KVTokens() > 0 {
+		kv = float64(info.KVTokens())
+	}
+	t.kvWait = kvWait(float64(l.DecodeTokens), st.need, kv, ln.hold)
+	if p.cfg.Metrics != nil {
+		if m := p.cfg.Metrics(b); m != nil && m.Slots > 0 {
+			t.slotWait = slotWait(l.Requests, m.Slots, ln.life)
+		}
+	}
+	t.stream = st.cost(i, c, l)
+	t.miss = penalty * c.own
+	return t
+}
