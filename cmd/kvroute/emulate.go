@@ -46,6 +46,7 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 		kvBlocks         int
 		blockSize        int
 		maxNumSeqs       int
+		noPrefixCaching  bool
 		maxModelLen      int
 		maxBatchedTokens int
 		timeScale        float64
@@ -64,6 +65,7 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV cache capacity in blocks (default: derived from the profile's GPU memory)")
 	fs.IntVar(&blockSize, "block-size", 0, "tokens per KV block (default: the profile's, 16)")
 	fs.IntVar(&maxNumSeqs, "max-num-seqs", 0, "most requests in one batch (default: the profile's, 256)")
+	fs.BoolVar(&noPrefixCaching, "no-enable-prefix-caching", false, "turn prefix caching off, as vLLM's flag: every prompt is computed whole and cached_tokens is 0")
 	fs.IntVar(&maxModelLen, "max-model-len", 0, "longest prompt plus output in tokens (default: the profile's, clamped to the KV capacity)")
 	fs.IntVar(&maxBatchedTokens, "max-num-batched-tokens", 0, "token budget of one engine step (default: the profile's, 8192)")
 	fs.Float64Var(&timeScale, "time-scale", 1, "wall seconds per model second: 1 is real time, 0.1 ten times faster")
@@ -123,6 +125,7 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 		}
 		*o.field = o.value
 	}
+	p.NoPrefixCaching = p.NoPrefixCaching || noPrefixCaching
 	// A llama.cpp-like profile runs one sequence per slot: --max-num-seqs
 	// is its --parallel.
 	if p.Slots > 0 && set["max-num-seqs"] {

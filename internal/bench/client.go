@@ -297,6 +297,11 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 	res.Backend = resp.Header.Get("X-Kvroute-Backend")
 	res.Route = resp.Header.Get("X-Kvroute-Route")
 	res.PredictedCached, _ = strconv.Atoi(resp.Header.Get(proxy.HeaderPredictedCached))
+	// The router predicts in wall time, as it measures.
+	res.PredictedTTFT = c.model(headerSeconds(resp.Header.Get(proxy.HeaderPredictedTTFTSeconds)))
+	if lo, hi, ok := strings.Cut(resp.Header.Get(proxy.HeaderPredictedTTFTInterval), " "); ok {
+		res.PredictedTTFTLow, res.PredictedTTFTHigh = c.model(headerSeconds(lo)), c.model(headerSeconds(hi))
+	}
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		lose(&res, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg)))
@@ -362,4 +367,13 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 		cut(&res, errors.New("stream ended without [DONE]"), false)
 	}
 	return res, reply.String()
+}
+
+// headerSeconds reads a header's decimal seconds; 0 when absent or bad.
+func headerSeconds(v string) time.Duration {
+	s, err := strconv.ParseFloat(v, 64)
+	if err != nil || s < 0 {
+		return 0
+	}
+	return time.Duration(s * float64(time.Second))
 }

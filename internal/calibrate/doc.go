@@ -7,12 +7,10 @@
 // vector x whose entry 0 is the constant 1 and entry 1, by convention, the
 // built-in engine model's own prediction (the prior):
 //
-//	ŷ_b(x) = max(θ_b·x, floor),  θ_b = argmin_θ Σ_k λ^(t−k) (y_k − θ·x_k)²/ŷ_k²  +  κ_b (θ − θ_fleet)ᵀ P (θ − θ_fleet)
+//	ŷ_b(x) = max(θ_b·x, floor),  θ_b = argmin_θ Σ_k λ^(t−k) (y_k − θ·x_k)²/y_k²  +  κ_b (θ − θ_fleet)ᵀ P (θ − θ_fleet)
 //
-// where ŷ_k is what the fit predicted for observation k before it came,
-// and θ_fleet is the same fit over every backend's observations (weighed by
-// its own predictions), shrunk toward the prior θ₀ = (0, 1, 0, …) with
-// weight κ_fleet instead. The 80 % interval is ŷ·[e^q₁₀, e^q₉₀], the
+// where θ_fleet is the same fit over every backend's observations, shrunk
+// toward the prior θ₀ = (0, 1, 0, …) with weight κ_fleet instead. The 80 % interval is ŷ·[e^q₁₀, e^q₉₀], the
 // quantiles of the recent log(y/ŷ) on b pooled with the fleet's worth κ_b
 // observations.
 //
@@ -25,10 +23,16 @@
 //     feature (GPU utilisation, running × uncached tokens for batch
 //     slowdown) without touching the learner, and the hot path is a dot
 //     product.
-//   - Weighted by 1/ŷ², the fit minimises relative error: TTFTs span 10 ms
-//     to 10 s and an absolute fit would serve only the long prompts. ŷ is
-//     the prediction made before the observation, not the observed y, whose
-//     noise would bias the fit low.
+//   - Weighted by 1/y², the fit minimises relative error: TTFTs span 10 ms
+//     to 10 s and an absolute fit would serve only the long prompts. The
+//     weight is the observed latency's, not a prediction's: engines'
+//     latencies are often bimodal (milliseconds when a batch slot is free,
+//     seconds when the request waits for one), and weighed by a prediction
+//     of milliseconds one request that waited seconds would make every
+//     prediction seconds, while a feature that explains the wait (the
+//     router's slot-wait estimate) would be learned only slowly. The price
+//     is a fit a few per cent below the mean under noise, the median-like
+//     predictor that the median absolute percentage error rewards.
 //   - Exponential forgetting (λ = 1 − 1/Memory, Memory = 100 observations
 //     by default) re-fits a changed engine (a restart with other flags, a
 //     slower GPU) within 300 requests: after 300 the old engine's share of
@@ -39,7 +43,7 @@
 //   - The penalties are not forgotten (only the data is), so a feature
 //     that stops varying cannot wind the fit up, the classic failure of
 //     recursive least squares with forgetting. P = (G + 0.1·diag G)/n is
-//     the mean over the fleet's traffic of x xᵀ/ŷ², so the first part of
+//     the mean over the fleet's traffic of x xᵀ/y², so the first part of
 //     the penalty counts in observations how far θ predicts from its
 //     reference on that traffic, whatever the features' units, and a fit
 //     with n observations lands n/(n + κ) of the way from the reference to

@@ -70,6 +70,7 @@ type Prediction struct {
 type params struct {
 	theta  [MaxDim]float64
 	lo, hi float64 // interval factors, e^q
+	mid    float64 // the median factor, e^q50: the fit's recent bias
 }
 
 // backend is one fit's state. All but snap are guarded by Model.mu.
@@ -167,7 +168,11 @@ func (m *Model) Predict(i int, x []float64) Prediction {
 		}
 	}
 	y := max(dot(&p.theta, x), m.cfg.Floor)
-	return Prediction{Mean: y, Lo: y * p.lo, Hi: y * p.hi}
+	// The fit minimises relative error, which leans low where latencies
+	// have long tails; its recent median error corrects it, so that the
+	// prediction is as often above the latency as below.
+	mean := y * p.mid
+	return Prediction{Mean: mean, Lo: min(y*p.lo, mean), Hi: max(y*p.hi, mean)}
 }
 
 // Observe teaches backend i's fit and the fleet's that features x came
@@ -190,13 +195,13 @@ func (m *Model) Observe(i int, x []float64, y float64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	b := m.grow(i + 1)[i]
-	// Weigh and score the observation by what each fit predicted before
-	// it: the weight must not depend on this y's noise, and the interval
-	// must include the fit's own error. The fleet weighs by its own
-	// prediction, or it would lean toward its fastest backends.
+	// Weigh the observation by its own latency (relative error: doc.go)
+	// and score it by what each fit predicted before it, so that the
+	// interval includes the fit's own error.
 	d, f := m.cfg.Dim, &m.fleet
 	yf := max(dot(&f.theta, x), m.cfg.Floor)
-	f.fit.add(x, y, 1/(yf*yf), m.decay)
+	w := 1 / (y * y)
+	f.fit.add(x, y, w, m.decay)
 	f.ratios.add(math.Log(y/yf), m.decay)
 	yb := yf
 	if b.fit.n > 0 {
@@ -206,7 +211,7 @@ func (m *Model) Observe(i int, x []float64, y float64) {
 		// (it should not) then leaves the fleet's coefficients.
 		b.theta = f.theta
 	}
-	b.fit.add(x, y, 1/(yb*yb), m.decay)
+	b.fit.add(x, y, w, m.decay)
 	b.ratios.add(math.Log(y/yb), m.decay)
 	f.fit.solve(d, m.cfg.Ridge, m.cfg.Prior, f.theta[:d], &f.fit)
 	m.publish(f, nil, 0)
@@ -244,6 +249,7 @@ func dot(theta *[MaxDim]float64, x []float64) float64 {
 func (m *Model) publish(b *backend, pool *logRatios, weight float64) {
 	p := &params{theta: b.theta}
 	p.lo, p.hi = interval(&b.ratios, pool, weight, m.cfg.Quantiles)
+	p.mid, _ = interval(&b.ratios, pool, weight, [2]float64{0.5, 0.5})
 	b.snap.Store(p)
 }
 

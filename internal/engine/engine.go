@@ -390,6 +390,9 @@ func (e *Engine) admit(r *Request, budget int) bool {
 	// At least one token must be computed to sample from, so a prompt that is
 	// wholly cached still recomputes its last block.
 	maxHit := min((r.numTokens()-1)/e.p.BlockSize, len(r.BlockHashes))
+	if e.p.NoPrefixCaching {
+		maxHit = 0
+	}
 	var hits, idle, slot, computed int
 	if e.slots != nil {
 		// No shared cache: only what the chosen slot holds is reused, in

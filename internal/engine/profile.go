@@ -96,6 +96,11 @@ type Profile struct {
 	// between slots (slots.go). It must equal MaxNumSeqs. 0 (the default):
 	// vLLM's shared prefix cache.
 	Slots int `yaml:"slots"`
+	// NoPrefixCaching turns prefix caching off, as vLLM's
+	// --no-enable-prefix-caching: every prompt is computed whole, whatever
+	// earlier requests left in the cache. For testing a router against an
+	// engine whose cache signal it cannot use.
+	NoPrefixCaching bool `yaml:"no_prefix_caching"`
 	// GPUName is the GPU's name as NVML reports it, the modelName label of
 	// the emulator's DCGM metrics; empty means DefaultGPUName. The engine
 	// model does not read it.

@@ -242,3 +242,27 @@ func TestLlamaCppSlotsReuseOnlyTheirOwnPrefix(t *testing.T) {
 		t.Error("a request longer than one slot's context was accepted")
 	}
 }
+
+func TestNoPrefixCachingComputesEveryPromptWhole(t *testing.T) {
+	for _, tt := range []struct {
+		profile    string
+		wantCached bool
+	}{
+		{DefaultProfile, true},
+		{"h100-llama3-8b-no-prefix-caching", false},
+	} {
+		t.Run(tt.profile, func(t *testing.T) {
+			p := mustProfile(t, tt.profile)
+			e := mustNew(t, p)
+			first := newReq(1, p.BlockSize, seq(0, 2000), 5)
+			mustAdd(t, e, 0, first)
+			now := drain(t, e, 0)
+			again := newReq(2, p.BlockSize, seq(0, 2000), 5)
+			mustAdd(t, e, now, again)
+			drain(t, e, now)
+			if got := again.CachedTokens > 0; got != tt.wantCached {
+				t.Errorf("the same prompt again: %d tokens cached, want cached: %v", again.CachedTokens, tt.wantCached)
+			}
+		})
+	}
+}

@@ -50,14 +50,22 @@ const (
 	HeaderBackend = "X-Kvroute-Backend"
 	// HeaderRoute is the routing decision's reason ("prefix", "least-request", ...).
 	HeaderRoute = "X-Kvroute-Route"
+	// HeaderPredictedTTFTSeconds is the time to first token the policy
+	// predicted on the chosen backend, the prediction the request was
+	// routed on, in seconds (as the emulator's X-Kvroute-Model-Ttft); sent
+	// whenever the policy predicts. A client's own TTFT tells it as much of
+	// the fleet's cache, so it is not held back with Config.Explain's.
+	HeaderPredictedTTFTSeconds = "X-Kvroute-Predicted-Ttft"
 )
 
 // The headers Config.Explain adds, for policies that predict: the prompt
-// tokens expected cached on the chosen backend, and the time to first token
-// expected there, in milliseconds.
+// tokens expected cached on the chosen backend, the time to first token
+// expected there in milliseconds, and its prediction interval in seconds
+// ("low high", kvroute's 80 % interval).
 const (
-	HeaderPredictedCached = "X-Kvroute-Predicted-Cached"
-	HeaderPredictedTTFT   = "X-Kvroute-Predicted-Ttft-Ms"
+	HeaderPredictedCached       = "X-Kvroute-Predicted-Cached"
+	HeaderPredictedTTFT         = "X-Kvroute-Predicted-Ttft-Ms"
+	HeaderPredictedTTFTInterval = "X-Kvroute-Predicted-Ttft-Interval"
 )
 
 // Fleet is what the proxy needs of the fleet of backends. Implementations
@@ -261,7 +269,7 @@ func New(cfg Config) (*Proxy, error) {
 			return nil, fmt.Errorf("proxy: register the fleet's metrics: %w", err)
 		}
 	}
-	if c := cfg.Router.Collector(); c != nil { // response pinning
+	if c := cfg.Router.Collector(); c != nil { // predictions, response pins, the policy's own
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("proxy: register the router's metrics: %w", err)
 		}
@@ -374,9 +382,17 @@ func (p *Proxy) setRouteHeaders(w http.ResponseWriter, d *router.Decision) {
 	h := w.Header()
 	vv := []string{d.Backend.Name, d.Reason} // one allocation for both: never appended to
 	h[HeaderBackend], h[HeaderRoute] = vv[:1:1], vv[1:]
-	if p.explain && d.PredictedTTFT > 0 {
+	if d.PredictedTTFT <= 0 {
+		return
+	}
+	h[HeaderPredictedTTFTSeconds] = []string{strconv.FormatFloat(d.PredictedTTFT.Seconds(), 'f', 4, 64)}
+	if p.explain {
 		h.Set(HeaderPredictedCached, strconv.Itoa(d.Cached))
 		h.Set(HeaderPredictedTTFT, strconv.FormatFloat(float64(d.PredictedTTFT)/float64(time.Millisecond), 'f', 1, 64))
+		if d.PredictedTTFTHigh > 0 {
+			h.Set(HeaderPredictedTTFTInterval, strconv.FormatFloat(d.PredictedTTFTLow.Seconds(), 'f', 4, 64)+" "+
+				strconv.FormatFloat(d.PredictedTTFTHigh.Seconds(), 'f', 4, 64))
+		}
 	}
 }
 

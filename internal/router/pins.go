@@ -148,16 +148,6 @@ func (p *pins) stats() PinStats {
 		Learned: p.learned.Load(), Entries: p.entries()}
 }
 
-// Collector exports the router's response pinning: requests with a
-// previous_response_id by what became of the pin, and the ids held. Nil
-// when the router keeps no pins.
-func (r *Router) Collector() prometheus.Collector {
-	if r.pins == nil {
-		return nil
-	}
-	return pinCollector{r.pins}
-}
-
 var (
 	pinRequestsDesc = prometheus.NewDesc("kvroute_response_pins_total",
 		`Responses API requests with a previous_response_id, by what the router did: "pinned" (sent to the backend that produced that response), "gone" (that backend is not a candidate now: removed, unhealthy, ejected; routed as any request) or "unknown" (an id the router did not see or has forgotten; routed as any request).`,

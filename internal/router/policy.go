@@ -24,6 +24,10 @@ type Decision struct {
 	// PredictedTTFT is the policy's predicted time to first token; 0 for
 	// policies that do not predict.
 	PredictedTTFT time.Duration
+	// PredictedTTFTLow and PredictedTTFTHigh bound the TTFT's prediction
+	// interval (kvroute: its 10th and 90th percentiles, as calibrated on
+	// the backend's recent errors); 0 for policies that give none.
+	PredictedTTFTLow, PredictedTTFTHigh time.Duration
 	// Scores explains the choice, one entry per candidate (kvroute, among
 	// more than 16: the chosen one and the 15 cheapest others); nil for
 	// policies that do not score.

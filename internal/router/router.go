@@ -24,6 +24,8 @@ type Router struct {
 	policy Policy
 	tokens *Tokens
 	pins   *pins // nil: no response pinning (pins.go)
+	// accuracy scores the policy's predictions (accuracy.go).
+	accuracy *accuracy
 }
 
 // NewRouter returns a Router for policy, estimating prompt lengths with
@@ -32,7 +34,7 @@ func NewRouter(policy Policy, tokens *Tokens) *Router {
 	if tokens == nil {
 		tokens = NewTokens()
 	}
-	return &Router{policy: policy, tokens: tokens}
+	return &Router{policy: policy, tokens: tokens, accuracy: newAccuracy()}
 }
 
 // NewPinningRouter is NewRouter for a Router that also remembers the
@@ -55,6 +57,7 @@ func (r *Router) Policy() Policy { return r.policy }
 // state per backend (FleetWatcher); other policies need nothing. It is the
 // fleet's watcher (fleet.Fleet.Watch). Safe for concurrent use with Route.
 func (r *Router) SetBackends(backends []*fleet.Backend) {
+	r.accuracy.setBackends(backends)
 	if w, ok := r.policy.(FleetWatcher); ok {
 		w.SetBackends(backends)
 	}
@@ -84,7 +87,7 @@ func (r *Router) Route(req *Request, cands []*fleet.Backend) (*Ticket, error) {
 	}
 	prompt := req.PromptTokens
 	cached := min(max(d.Cached, 0), prompt)
-	t := &Ticket{Decision: d, req: req, tokens: r.tokens, pins: r.pins}
+	t := &Ticket{Decision: d, req: req, tokens: r.tokens, pins: r.pins, accuracy: r.accuracy}
 	t.flight = d.Backend.Start(prompt-cached, prompt+req.MaxTokens)
 	return t, nil
 }

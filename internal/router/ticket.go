@@ -15,6 +15,7 @@ type Ticket struct {
 	req      *Request
 	tokens   *Tokens
 	pins     *pins
+	accuracy *accuracy
 	flight   *fleet.Flight
 	finished bool
 }
@@ -41,6 +42,7 @@ func (t *Ticket) Finish(o Outcome) {
 	if o.Status/100 == 2 {
 		t.pins.learn(o.ResponseID, t.Backend)
 	}
+	t.accuracy.record(t, o)
 	if t.Done != nil {
 		t.Done(o)
 	}

@@ -104,7 +104,7 @@ func TestDecisionsUnchanged(t *testing.T) {
 	chat := Config{Workload: chatWorkload(t, 60), Backends: 4, Routers: 2, Profile: profile(t),
 		Policies: names, Seed: 5}
 	check(t, "chat", runDigest(t, chat), map[string]uint64{
-		"dynamo-kv": 0x32a1360d26d45f8a, "kvroute": 0xf5e34993a119787f, "kvroute:ttft": 0xf49644adf49e6190, "least-request": 0x45da9dda68fc747b,
+		"dynamo-kv": 0x32a1360d26d45f8a, "kvroute": 0x1555d984c889edaa, "kvroute:ttft": 0xeb7f8689fa292430, "least-request": 0x45da9dda68fc747b,
 		"llmd-default": 0x502c9237514f92d, "p2c": 0x7ae85ccd31ee4a91, "preble-e2": 0x130ca9072bcd8671,
 		"random": 0x172767a325ad8df0, "round-robin": 0x57ff69c810894231, "session-bounded": 0x98181a867e1dac0d,
 		"session-hash": 0xe35a22d9d7be21ed, "sglang-cache-aware": 0xc029dc1a5249b18d,

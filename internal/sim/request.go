@@ -270,6 +270,7 @@ func (s *simulation) finish(f *flight) {
 		Sent: f.sent, TTFT: ttft, E2E: e2e, ServerTTFT: r.FirstToken - r.Arrival,
 		PromptTokens: r.PromptLen, CachedTokens: r.CachedTokens, CompletionTokens: r.Output,
 		PredictedCached: f.t.Cached,
+		PredictedTTFT:   f.t.PredictedTTFT, PredictedTTFTLow: f.t.PredictedTTFTLow, PredictedTTFTHigh: f.t.PredictedTTFTHigh,
 	}
 	if r.Output > 1 {
 		res.ITL = (e2e - ttft) / time.Duration(r.Output-1)

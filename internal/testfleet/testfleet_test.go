@@ -28,6 +28,8 @@ const noAnswer = 300 * time.Millisecond
 
 // complete sends a small completion to b under a deadline and returns the
 // status, or the error.
+var noKeepAlive = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
 func complete(b *Backend, timeout time.Duration) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -37,7 +39,9 @@ func complete(b *Backend, timeout time.Duration) (int, error) {
 		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	// A fresh connection each time: a kept-alive one to a killed backend
+	// fails with EOF, not with the refused dial the test looks for.
+	resp, err := noKeepAlive.Do(req)
 	if err != nil {
 		return 0, err
 	}

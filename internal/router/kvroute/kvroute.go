@@ -6,6 +6,7 @@ package kvroute
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,6 +70,12 @@ type Policy struct {
 	learner learner
 	// outputs learns how long requests' streams are (output.go).
 	outputs *outputs
+	// cal calibrates the TTFT to the engines as they behave, and watches
+	// the cache signal (calibrate.go).
+	cal calibration
+	// members is the fleet's backends as SetBackends last told them, for
+	// the metrics.
+	members atomic.Pointer[[]*fleet.Backend]
 	// mu guards what every pick reads and changes: sessions, the queue
 	// model and the arrival rate.
 	mu       sync.Mutex
@@ -181,6 +188,12 @@ type Config struct {
 	// NoScores leaves Decision.Scores empty: the simulator, which reads
 	// no explanation, then does not build one for each of a million picks.
 	NoScores bool
+	// NoCalibration prices and predicts with the engine model's TTFT as it
+	// is, never as calibrated to what the engines' first tokens took, even
+	// where the calibrated TTFT predicts better (calibrate.go): what the
+	// built-in model alone achieves, for comparison (kvroute:uncalibrated).
+	// The cache signal is still watched.
+	NoCalibration bool
 }
 
 func (c Config) withDefaults() Config {
@@ -254,6 +267,9 @@ func New(backends []*fleet.Backend, cfg Config) *Policy {
 	}
 	p.index = prefix.NewTiered(n, p.blocksFor(cfg.DefaultKVTokens), recentFactor*p.blocksFor(cfg.DefaultKVTokens))
 	p.learner.init(n)
+	p.cal.init(cfg, n)
+	members := slices.Clone(backends)
+	p.members.Store(&members)
 	p.prune.weighPeers(p, backends)
 	p.prune.setBackends(backends)
 	p.setLanes(backends)
@@ -281,6 +297,9 @@ func (p *Policy) SetBackends(backends []*fleet.Backend) {
 	for _, i := range gone {
 		p.index.Clear(i)
 	}
+	p.cal.grow(n, gone)
+	members := slices.Clone(backends)
+	p.members.Store(&members)
 	p.mu.Lock()
 	if len(p.queue) < n {
 		p.queue = append(p.queue, make([]drain, n-len(p.queue))...)
@@ -294,6 +313,9 @@ func (p *Policy) SetBackends(backends []*fleet.Backend) {
 		p.width.Store(int64(n))
 	}
 }
+
+// backends returns the fleet's backends as SetBackends last told them.
+func (p *Policy) backends() []*fleet.Backend { return *p.members.Load() }
 
 // Name implements Policy.
 func (*Policy) Name() string { return "kvroute" }

@@ -153,14 +153,15 @@ type picked struct {
 	policy      *Policy
 	req         *router.Request
 	backend     *fleet.Backend
-	sure, maybe int     // tokens predicted cached by the index and by recent
-	queued      int64   // prefill tokens queued there when routed (the router's count)
-	decoding    int64   // requests decoding there when routed
-	requests    int64   // requests in flight there when routed
-	kv          int64   // context tokens they held (the router's count)
-	work        float64 // seconds of prefill it was expected to cost there
-	routed      float64 // the backend's prefill seconds ever routed, before it
-	inverse     float64 // 1/its expected tokens, counted in the backend's until done
+	sure, maybe int              // tokens predicted cached by the index and by recent
+	queued      int64            // prefill tokens queued there when routed (the router's count)
+	decoding    int64            // requests decoding there when routed
+	requests    int64            // requests in flight there when routed
+	kv          int64            // context tokens they held (the router's count)
+	work        float64          // seconds of prefill it was expected to cost there
+	routed      float64          // the backend's prefill seconds ever routed, before it
+	inverse     float64          // 1/its expected tokens, counted in the backend's until done
+	x           [calDims]float64 // the calibration's features there when routed
 }
 
 // done is the Decision's Done: it learns each backend's TTFT model, the
@@ -189,6 +190,13 @@ func (k *picked) done(o router.Outcome) {
 		return
 	}
 	p.outputs.observe(k.req, o.CompletionTokens)
+	// Only a stream's first byte is its first token: a non-streamed
+	// response's comes with its end.
+	var ttft float64
+	if o.Tokens > 0 {
+		ttft = o.TTFT.Seconds()
+	}
+	p.cal.observe(b.Index, &k.x, ttft, k.sure, o.CachedTokens)
 	l := &p.learner
 	l.mu.Lock()
 	defer l.mu.Unlock()

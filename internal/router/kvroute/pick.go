@@ -192,13 +192,18 @@ func (p *Policy) commit(s *pickScratch) router.Decision {
 	}
 	l := s.loads[s.best]
 	pk := picked{policy: p, req: s.req, backend: chosen, sure: cb.sure, maybe: cb.maybe,
-		queued: l.PrefillTokens, decoding: l.Decoding, requests: l.Requests, kv: l.DecodeTokens, work: work}
+		queued: l.PrefillTokens, decoding: l.Decoding, requests: l.Requests, kv: l.DecodeTokens, work: work,
+		x: cb.x}
 	d := router.Decision{
-		Backend:       chosen,
-		Reason:        s.reason(chosen),
-		Cached:        cb.sure,
-		PredictedTTFT: seconds(cb.ttft),
-		Done:          func(o router.Outcome) { pk.done(o) }, // one allocation: pk lives in the closure
+		Backend: chosen,
+		Reason:  s.reason(chosen),
+		// Less than the index's part when the cache signal is dead there:
+		// the router then counts the whole prompt's prefill queued.
+		Cached:            min(cb.sure, cb.cached),
+		PredictedTTFT:     seconds(cb.ttft),
+		PredictedTTFTLow:  seconds(cb.lo),
+		PredictedTTFTHigh: seconds(cb.hi),
+		Done:              func(o router.Outcome) { pk.done(o) }, // one allocation: pk lives in the closure
 	}
 	if !p.cfg.NoScores {
 		d.Scores = explain(s.cand, s.cands, s.best)

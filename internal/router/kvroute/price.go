@@ -10,16 +10,18 @@ import (
 
 // candidate is what Pick works out about one backend before costing it.
 type candidate struct {
-	cached int     // prompt tokens expected cached there
-	sure   int     // of which the index holds
-	maybe  int     // prompt tokens recent holds there
-	miss   float64 // prompt tokens to compute there
-	slow   float64 // its TTFTs over the fleet's, relative to the mean
-	queued float64 // seconds of prefill ahead there
-	own    float64 // seconds of the request's own prefill there
-	ttft   float64 // predicted TTFT there, seconds
-	cost   float64 // what the choice minimises
-	stream float64 // of which the stream's price (decode.go)
+	cached int              // prompt tokens expected cached there
+	sure   int              // of which the index holds
+	maybe  int              // prompt tokens recent holds there
+	miss   float64          // prompt tokens to compute there
+	slow   float64          // its TTFTs over the fleet's, relative to the mean
+	queued float64          // seconds of prefill ahead there
+	own    float64          // seconds of the request's own prefill there
+	ttft   float64          // predicted TTFT there, seconds (calibrated)
+	lo, hi float64          // its prediction interval
+	x      [calDims]float64 // the calibration's features (calibrate.go)
+	cost   float64          // what the choice minimises
+	stream float64          // of which the stream's price (decode.go)
 }
 
 // candidates works out, for every candidate, the prompt tokens expected
@@ -39,6 +41,9 @@ func (p *Policy) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned,
 			c.sure, c.maybe = eventCached(s.events[i], c.sure, c.maybe)
 		}
 		c.cached = expectedCached(c.sure, c.maybe, ln.odds)
+		if p.cal.cacheDead(b.Index) {
+			c.cached = 0 // the engine's cache does not hold what the index says
+		}
 		c.slow = slowness(math.Float64frombits(slow[b.Index].Load()), ln.meanSlow)
 		c.miss = float64(max(0, promptTokens-c.cached))
 		if own := s.loads[i].PrefillTokens - s.peer[i].tokens; own > 0 {
@@ -59,7 +64,7 @@ func (p *Policy) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.Lo
 	for i, b := range cands {
 		c := &cand[i]
 		t := p.terms(i, b, c, loads[i], ln, penalty, st)
-		ttft, cost := t.ttft(), t.cost()
+		ttft, cost := p.calibrated(c, b, t, loads[i])
 		c.stream = t.stream
 		if float64(loads[i].Requests+1) > bound {
 			cost = math.Inf(1) // over the load bound: only if all are
@@ -96,6 +101,12 @@ type terms struct {
 	// stream is the price of its stream there and of its delay to the
 	// streams in flight there (decode.go).
 	stream float64
+
+	// Not terms but what the calibration reads beside them: the wait for
+	// a slot if the backend ran no more requests at once than it has been
+	// seen to, and its GPU's utilisation (negative: not reported).
+	seenWait float64
+	gpu      float64
 }
 
 // ttft is the predicted time to first token: the terms before miss.
@@ -112,18 +123,45 @@ func (t terms) LogValue() slog.Value {
 		slog.Float64("miss", t.miss), slog.Float64("stream", t.stream))
 }
 
+// calibrated returns candidate c's TTFT as the calibration predicts it from
+// the engine model's terms t (the model's own while it predicts better:
+// calibrate.go), and its cost with that TTFT; it keeps the features and the
+// interval in c.
+func (p *Policy) calibrated(c *candidate, b *fleet.Backend, t terms, l fleet.Load) (ttft, cost float64) {
+	c.x = features(t.ttft(), c.miss, l, p.kvTokens(b), t.seenWait, t.gpu)
+	pr, calibrated := p.cal.predict(b.Index, &c.x)
+	c.lo, c.hi = pr.Lo, pr.Hi
+	if !calibrated {
+		return t.ttft(), t.cost() // the model's, added up as ever
+	}
+	return pr.Mean, pr.Mean + t.miss + t.stream
+}
+
+// kvTokens returns b's KV capacity in tokens: what it reports, else the
+// default.
+func (p *Policy) kvTokens(b *fleet.Backend) float64 {
+	if info := b.Info(); info != nil && info.KVTokens() > 0 {
+		return float64(info.KVTokens())
+	}
+	return float64(p.cfg.DefaultKVTokens)
+}
+
 // terms prices candidate i, backend b with load l, as cost sums it; c holds
 // what candidates worked out about it.
 func (p *Policy) terms(i int, b *fleet.Backend, c *candidate, l fleet.Load, ln *learned, penalty float64, st *streamCost) terms {
 	t := terms{queued: c.queued, compute: c.slow * ln.speed.predict(c.miss, float64(c.cached), float64(l.Decoding))}
-	kv := float64(p.cfg.DefaultKVTokens)
-	if info := b.Info(); info != nil && info.KVTokens() > 0 {
-		kv = float64(info.KVTokens())
-	}
-	t.kvWait = kvWait(float64(l.DecodeTokens), st.need, kv, ln.hold)
+	t.kvWait = kvWait(float64(l.DecodeTokens), st.need, p.kvTokens(b), ln.hold)
+	t.gpu = -1
 	if p.cfg.Metrics != nil {
-		if m := p.cfg.Metrics(b); m != nil && m.Slots > 0 {
+		m := p.cfg.Metrics(b)
+		if m != nil && m.Slots > 0 {
 			t.slotWait = slotWait(l.Requests, m.Slots, ln.life)
+		}
+		if seen := p.cal.batchSeen(b, m); seen > 0 {
+			t.seenWait = slotWait(l.Requests, seen, ln.life)
+		}
+		if m != nil {
+			t.gpu = m.GPUUtil
 		}
 	}
 	t.stream = st.cost(i, c, l)

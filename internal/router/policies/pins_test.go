@@ -48,7 +48,7 @@ func TestRouteFollowsResponses(t *testing.T) {
 			if got := r.PinStats().Learned; got != 8 {
 				t.Errorf("learned %d, want 8", got)
 			}
-			if n := testutil.CollectAndCount(r.Collector()); n != 5 {
+			if n := testutil.CollectAndCount(r.Collector(), "kvroute_response_pins_total", "kvroute_response_pin_entries", "kvroute_response_pins_learned_total"); n != 5 {
 				t.Errorf("%d series, want 5 (3 results, entries, learned)", n)
 			}
 		})

@@ -135,17 +135,27 @@ func Names() []string {
 // Specs lists the registry: every policy with its one-line description.
 func Specs() []Spec { return slices.Clone(registry) }
 
-// withObjective reads a policy name of the form kvroute:OBJECTIVE (the
-// bench and the simulator compare objectives side by side so), sets the
-// objective in opts and returns the registry's name.
+// Uncalibrated is the variant of kvroute that prices and predicts with the
+// built-in engine model alone (kvroute.Config.NoCalibration), as in
+// kvroute:uncalibrated: the bench and the simulator show what calibration
+// changes beside it.
+const Uncalibrated = "uncalibrated"
+
+// withObjective reads a policy name of the form kvroute:OBJECTIVE or
+// kvroute:uncalibrated (the bench and the simulator compare variants side
+// by side so), sets the variant in opts and returns the registry's name.
 func withObjective(name string, opts *Options) (string, error) {
 	base, obj, ok := strings.Cut(name, ":")
 	if !ok {
 		return name, nil
 	}
-	if base != "kvroute" || !slices.Contains(kvroute.Objectives(), kvroute.Objective(obj)) {
-		return name, fmt.Errorf("unknown policy %q (an objective goes with kvroute: kvroute:ttft, kvroute:e2e, kvroute:goodput)", name)
+	switch {
+	case base == "kvroute" && obj == Uncalibrated:
+		opts.KVRoute.NoCalibration = true
+	case base == "kvroute" && slices.Contains(kvroute.Objectives(), kvroute.Objective(obj)):
+		opts.KVRoute.Objective = kvroute.Objective(obj)
+	default:
+		return name, fmt.Errorf("unknown policy %q (a variant goes with kvroute: kvroute:ttft, kvroute:e2e, kvroute:goodput, kvroute:uncalibrated)", name)
 	}
-	opts.KVRoute.Objective = kvroute.Objective(obj)
 	return base, nil
 }
