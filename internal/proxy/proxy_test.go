@@ -375,7 +375,7 @@ func TestEmbeddingsByLoad(t *testing.T) {
 	embed := func() string {
 		t.Helper()
 		res, body := post(t, px.URL, "/v1/embeddings", `{"model":"e","input":"hello"}`)
-		if res.StatusCode != 200 || res.Header.Get(HeaderRoute) != reasonLeastRequest {
+		if res.StatusCode != 200 || res.Header.Get(HeaderRoute) != "least-request" {
 			t.Fatalf("status %d route %q: %s", res.StatusCode, res.Header.Get(HeaderRoute), body)
 		}
 		return res.Header.Get(HeaderBackend)
