@@ -412,6 +412,27 @@ func TestEmbeddingsByLoad(t *testing.T) {
 	assertIdle(t, bs...)
 }
 
+// An embeddings request is counted under the model it names, as a chat
+// request is, not under "none".
+func TestEmbeddingsMetricsNameTheModel(t *testing.T) {
+	b0 := testBackend(t, 0, "b0", nameBackend(t, "b0").URL, "e")
+	_, px := newTestProxy(t, newFakeFleet(b0), newFirstPolicy(), nil)
+	if res, body := post(t, px.URL, "/v1/embeddings", `{"model":"e","input":"hello"}`); res.StatusCode != 200 {
+		t.Fatalf("status %d: %s", res.StatusCode, body)
+	}
+	px.await(t)
+	res, err := http.Get(px.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	want := `kvroute_requests_total{backend="b0",model="e",reason="least-request",status="200"} 1`
+	if !strings.Contains(string(page), want) {
+		t.Errorf("metrics lack %s:\n%s", want, grepLines(string(page), "kvroute_requests_total"))
+	}
+}
+
 func TestOtherEndpoints(t *testing.T) {
 	b0 := testBackend(t, 0, "b0", nameBackend(t, "b0").URL, "m1")
 	b1 := testBackend(t, 1, "b1", nameBackend(t, "b1").URL, "m2")
