@@ -52,8 +52,9 @@ type Score struct {
 	Terms Terms `json:",omitzero"`
 }
 
-// MaxTerms is how many named terms a Score can carry.
-const MaxTerms = 8
+// MaxTerms is how many named terms a Score can carry: kvroute's six. Each
+// more makes every decision's scores 8 bytes a candidate larger.
+const MaxTerms = 6
 
 // Terms is a cost's breakdown: Seconds[i] is the term named Names[i]. It
 // is held in the Score, not behind a pointer, so that explaining a decision
