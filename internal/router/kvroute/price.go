@@ -20,6 +20,7 @@ type candidate struct {
 	ttft   float64 // predicted TTFT there, seconds
 	cost   float64 // what the choice minimises
 	stream float64 // of which the stream's price (decode.go)
+	terms  terms   // the cost term by term, for the decision's scores
 }
 
 // candidates works out, for every candidate, the prompt tokens expected
@@ -60,7 +61,7 @@ func (p *Policy) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.Lo
 		c := &cand[i]
 		t := p.terms(i, b, c, loads[i], ln, penalty, st)
 		ttft, cost := t.ttft(), t.cost()
-		c.stream = t.stream
+		c.stream, c.terms = t.stream, t
 		if float64(loads[i].Requests+1) > bound {
 			cost = math.Inf(1) // over the load bound: only if all are
 		}
