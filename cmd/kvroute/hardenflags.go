@@ -14,10 +14,9 @@ import (
 // backend that has not answered a SYN in 3 s is not there.
 const defaultConnectTimeout = 3 * time.Second
 
-// defaultGCFloorMiB is off: a floor of 128 MiB cut a front's collections at
-// 500 streams from 13-16 to 2 in 15 rounds, but in two quiet runs neither its
-// latency tail nor its CPU moved (docs/BENCHMARKS.md), so the memory is not
-// spent by default.
+// defaultGCFloorMiB is off: a floor makes a front's collections rare, but
+// moved neither its latency tail nor its CPU, so the memory is not spent by
+// default (docs/decisions/0003-gc-heap-floor-off.md).
 const defaultGCFloorMiB = 0
 
 // registerHardening adds the flags of timeouts, retries, outlier ejection,

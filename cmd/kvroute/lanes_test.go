@@ -35,8 +35,7 @@ import (
 // one: every pick then keeps to the lane), and only the measured burst
 // after them is asserted on; a replica that never keeps to its lane fails
 // it all the same. It builds the binary and takes some 15 s, so
-// -short skips it (docs/BENCHMARKS.md, "Pushed counts in a burst: a lane
-// for each replica").
+// -short skips it (docs/decisions/0001-router-replica-lanes.md).
 func TestBurstLanes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end to end with processes, some 15 s")

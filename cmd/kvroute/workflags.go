@@ -81,9 +81,6 @@ func loadWorkload(spec string, opts workload.Options, prefix string) (workload.W
 		spec = name + ":" + path
 	}
 	w, err := workload.Load(spec, opts)
-	if path != "" {
-		w.Name = name + ":" + filepath.Base(path) // the data set, not where this machine keeps it
-	}
 	return w, filepath.Join("out", prefix+"-"+name), err
 }
 

@@ -133,7 +133,7 @@ func TestFleetKillRestart(t *testing.T) {
 
 // The default schedule against kvroute and round robin on four emulated
 // backends: every failure is classified, and the fault columns are filled.
-// Which policy does better is measured (docs/BENCHMARKS.md), not asserted.
+// Which policy does better is measured (docs/BENCHMARKS.md, Faults), not asserted.
 func TestBenchFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("plays a 10 s workload twice, with hung backends")

@@ -95,7 +95,7 @@ type front struct {
 	// gc is set for a Go front whose /metrics counts its garbage
 	// collections (kvroute's): a cycle during a measurement charges the
 	// requests that allocate meanwhile, and one cycle or none can decide a
-	// p99 (docs/BENCHMARKS.md).
+	// p99 (docs/decisions/0003-gc-heap-floor-off.md).
 	gc bool
 }
 

@@ -9,11 +9,10 @@
 // requests a second a cycle runs every few seconds. During a cycle's mark
 // phase each allocating goroutine pays for marking with assists, and with few
 // processors (a front pinned to one) every request arriving meanwhile waits
-// behind them: execution traces once showed those cycles in a front's latency
-// tail (docs/BENCHMARKS.md, "the garbage collector, not the pick"). A floor of
-// 128 MiB makes the cycles rarer by the floor over the live heap; since the
-// allocations per request were cut, no gain in the tail has been measured, so
-// the commands' default is no floor. A live heap of half the floor or more is
+// behind them: execution traces showed those cycles in a front's latency
+// tail. A floor makes the cycles rarer by the floor over the live heap, but
+// no gain in the tail has been measured, so the commands' default is no floor
+// (docs/decisions/0003-gc-heap-floor-off.md). A live heap of half the floor or more is
 // collected exactly as without one: the floor never lets memory grow with the
 // load. GOMEMLIMIT still bounds the heap: the runtime's limit overrides any
 // goal set here.

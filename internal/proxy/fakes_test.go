@@ -179,7 +179,8 @@ func (p *firstPolicy) Pick(req *router.Request, cands []*fleet.Backend) (router.
 		Reason:        "first",
 		Cached:        min(p.prefix, req.PromptTokens),
 		PredictedTTFT: p.predict,
-		Scores:        []router.Score{{Backend: cands[0].Name, Cost: 1, Cached: p.prefix}},
+		Scores: []router.Score{{Backend: cands[0].Name, Cost: 1, Cached: p.prefix,
+			Terms: router.Terms{Names: firstTerms, Seconds: [router.MaxTerms]float64{0.25, 0.75}}}},
 	}
 	seen := d
 	d.Done = func(o router.Outcome) {
@@ -221,6 +222,9 @@ func (p *firstPolicy) asked() int {
 
 // discard is a logger that drops everything.
 var discard = slog.New(slog.DiscardHandler)
+
+// firstTerms names the two terms of firstPolicy's cost of 1.
+var firstTerms = []string{"queued", "miss"}
 
 // server is an httptest server around h whose handler calls can be awaited:
 // done receives once each call has returned (panics included).

@@ -132,26 +132,6 @@ func (p *Proxy) route(c *call, cands []*fleet.Backend) (*router.Ticket, *apiErro
 	return t, nil
 }
 
-// reasonLeastRequest is the route of requests the proxy routes by load.
-const reasonLeastRequest = "least-request"
-
-// byLoad is the policy of the requests the proxy routes by load alone: the
-// candidate with the fewest requests in flight, uniformly at random among
-// ties so that an idle fleet spreads its load.
-// It is router.LeastRequest drawing on Config.Rand, which that policy's
-// constructor does not take.
-type byLoad struct{ rand func(int) int }
-
-func (byLoad) Name() string { return reasonLeastRequest }
-
-func (l byLoad) Pick(_ *router.Request, cands []*fleet.Backend) (router.Decision, error) {
-	b := router.LeastLoaded(cands, l.rand)
-	if b == nil {
-		return router.Decision{}, router.ErrNoBackend
-	}
-	return router.Decision{Backend: b, Reason: reasonLeastRequest}, nil
-}
-
 // failure is why an attempt got no answer that could go to the client:
 // nothing of it was sent, so another backend may take the request.
 type failure struct {

@@ -41,6 +41,7 @@ import (
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/baseline"
 	"github.com/kvroute/kvroute/internal/upstream"
 )
 
@@ -236,7 +237,9 @@ func New(cfg Config) (*Proxy, error) {
 	if p.maxBody == 0 {
 		p.maxBody = request.DefaultMaxBodyBytes
 	}
-	p.byLoad = router.NewRouter(byLoad{rand: p.rand}, nil)
+	// Requests that are not chat or completions go to the least loaded
+	// candidate, ties broken by Config.Rand.
+	p.byLoad = router.NewRouter(baseline.NewLeastRequestRand(p.rand), nil)
 	p.res = cfg.Resilience.withDefaults()
 	p.budget.ratio, p.budget.min, p.budget.now = p.res.RetryBudget, int64(p.res.RetryBudgetMin), p.now
 	p.stop, p.stopAll = context.WithCancel(context.Background())

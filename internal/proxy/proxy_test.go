@@ -375,7 +375,7 @@ func TestEmbeddingsByLoad(t *testing.T) {
 	embed := func() string {
 		t.Helper()
 		res, body := post(t, px.URL, "/v1/embeddings", `{"model":"e","input":"hello"}`)
-		if res.StatusCode != 200 || res.Header.Get(HeaderRoute) != reasonLeastRequest {
+		if res.StatusCode != 200 || res.Header.Get(HeaderRoute) != "least-request" {
 			t.Fatalf("status %d route %q: %s", res.StatusCode, res.Header.Get(HeaderRoute), body)
 		}
 		return res.Header.Get(HeaderBackend)
@@ -410,6 +410,27 @@ func TestEmbeddingsByLoad(t *testing.T) {
 	default:
 	}
 	assertIdle(t, bs...)
+}
+
+// An embeddings request is counted under the model it names, as a chat
+// request is, not under "none".
+func TestEmbeddingsMetricsNameTheModel(t *testing.T) {
+	b0 := testBackend(t, 0, "b0", nameBackend(t, "b0").URL, "e")
+	_, px := newTestProxy(t, newFakeFleet(b0), newFirstPolicy(), nil)
+	if res, body := post(t, px.URL, "/v1/embeddings", `{"model":"e","input":"hello"}`); res.StatusCode != 200 {
+		t.Fatalf("status %d: %s", res.StatusCode, body)
+	}
+	px.await(t)
+	res, err := http.Get(px.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	want := `kvroute_requests_total{backend="b0",model="e",reason="least-request",status="200"} 1`
+	if !strings.Contains(string(page), want) {
+		t.Errorf("metrics lack %s:\n%s", want, grepLines(string(page), "kvroute_requests_total"))
+	}
 }
 
 func TestOtherEndpoints(t *testing.T) {

@@ -147,3 +147,33 @@ func BenchmarkNewRequestID(b *testing.B) {
 }
 
 var sinkID string
+
+// The debug line of a request lists every candidate's cost term by term,
+// as the policy named them.
+func TestDebugLogListsCostTerms(t *testing.T) {
+	be, _ := recordingBackend(t, http.StatusOK, http.Header{"Content-Type": {"application/json"}}, `{"choices":[]}`)
+	var logs syncBuffer
+	_, px := newTestProxy(t, newFakeFleet(testBackend(t, 0, "b0", be.URL, "m")), newFirstPolicy(), func(c *Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	if res, body := post(t, px.URL, "/v1/chat/completions", chatBody); res.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", res.StatusCode, body)
+	}
+	be.await(t)
+	px.await(t)
+	for _, rec := range logs.records(t) {
+		if rec["msg"] != "request" {
+			continue
+		}
+		scores, _ := rec["scores"].([]any)
+		if len(scores) != 1 {
+			t.Fatalf("scores = %v, want one", rec["scores"])
+		}
+		terms, _ := scores[0].(map[string]any)["Terms"].(map[string]any)
+		if terms["queued"] != 0.25 || terms["miss"] != 0.75 || len(terms) != 2 {
+			t.Errorf("terms = %v, want queued 0.25 and miss 0.75", scores[0])
+		}
+		return
+	}
+	t.Error("no debug line about the request")
+}

@@ -74,8 +74,7 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep request.E
 	var cands []*fleet.Backend
 	model := "" // the model label: a model the candidates serve
 	if ep == request.Embedding {
-		model, e := request.RequireModel(body)
-		if e != nil {
+		if model, e = request.RequireModel(body); e != nil {
 			p.reject(w, e)
 			return
 		}

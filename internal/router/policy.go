@@ -2,6 +2,8 @@ package router
 
 import (
 	"errors"
+	"math"
+	"strconv"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -48,6 +50,59 @@ type Score struct {
 	TTFT time.Duration
 	// Cached is the predicted cached prompt tokens there.
 	Cached int
+	// Terms breaks Cost into its named terms, for a policy whose cost is a
+	// sum (kvroute's: queued, compute, kv_wait, slot_wait, miss, stream);
+	// zero for the others, and then left out of the JSON.
+	Terms Terms `json:",omitzero"`
+}
+
+// MaxTerms is how many named terms a Score can carry: kvroute's seven. Each
+// more makes every decision's scores 8 bytes a candidate larger.
+const MaxTerms = 7
+
+// Terms is a cost's breakdown: Seconds[i] is the term named Names[i]. It
+// is held in the Score, not behind a pointer, so that explaining a decision
+// allocates nothing more; Names is a slice the policy shares among all its
+// scores. Its JSON is one object, the terms by name in order
+// ({"queued":0.12,"compute":0.3,...}).
+type Terms struct {
+	Names   []string
+	Seconds [MaxTerms]float64
+}
+
+// IsZero reports whether t names no term.
+func (t Terms) IsZero() bool { return len(t.Names) == 0 }
+
+// Len returns how many terms t holds.
+func (t Terms) Len() int { return min(len(t.Names), MaxTerms) }
+
+// Sum returns the sum of t's terms, in seconds.
+func (t Terms) Sum() float64 {
+	var sum float64
+	for _, v := range t.Seconds[:t.Len()] {
+		sum += v
+	}
+	return sum
+}
+
+// MarshalJSON writes t as one object, its terms by name in order.
+func (t Terms) MarshalJSON() ([]byte, error) {
+	b := make([]byte, 0, 24*t.Len()+2)
+	b = append(b, '{')
+	for i, name := range t.Names[:t.Len()] {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendQuote(b, name)
+		b = append(b, ':')
+		v := t.Seconds[i]
+		if math.IsInf(v, 0) || math.IsNaN(v) {
+			b = strconv.AppendQuote(b, strconv.FormatFloat(v, 'g', -1, 64))
+			continue
+		}
+		b = strconv.AppendFloat(b, v, 'g', -1, 64)
+	}
+	return append(b, '}'), nil
 }
 
 // Policy picks a backend for a request. Implementations are safe for

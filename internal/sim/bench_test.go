@@ -15,7 +15,7 @@ import (
 // server: a loaded fleet), and reports the simulator's speed in requests
 // and engine steps per second of wall time, with vLLM's 16-token KV blocks
 // and with the trace's 512. The full-scale run (1,000 servers, a million
-// requests) is a `kvroute sim` command in docs/BENCHMARKS.md.
+// requests) is a `kvroute sim` command in docs/BENCHMARKS.md (Scale).
 func BenchmarkSimMooncake(b *testing.B) {
 	path := sharedtest.Require(b, "mooncake/conversation_trace.jsonl")
 	w, err := workload.Load("mooncake:"+path, workload.Options{Duration: 2 * time.Minute, Compress: 2})

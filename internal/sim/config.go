@@ -72,8 +72,8 @@ type Config struct {
 	// reaches that (a round of polls takes a network round trip, and a
 	// burst of requests arriving together is routed before any); it is
 	// the bound that separates what the replicas' placement loses to
-	// stale counts from what it loses by itself (docs/BENCHMARKS.md,
-	// Router replicas). kvroute is told (kvroute.Config.PeersExact), and
+	// stale counts from what it loses by itself
+	// (docs/decisions/0005-pushed-peer-counts.md). kvroute is told (kvroute.Config.PeersExact), and
 	// with KVEvents decides as one router.
 	GossipEachRequest bool
 	// GossipPush streams each replica's in-flight counts to the others
@@ -86,11 +86,9 @@ type Config struct {
 	// with KVEvents it decides as one router but in a burst (then as a
 	// replica keeping to its lane of the servers, inLane), unless
 	// PushAsReplica: then it decides as a replica behind polled counts
-	// does (internal/router/kvroute/replicas.go). Measured both ways in docs/BENCHMARKS.md
-	// (Router replicas, pushed counts): on Mooncake's trace with its
-	// arrivals spread over their ticks, as one router matches one
-	// router's tails where the replica's end-to-end p99 is up to a third
-	// longer; on its ticks replayed as instant bursts, as one router herds.
+	// does (internal/router/kvroute/replicas.go). As one router it herds
+	// in bursts, hence the lanes (docs/decisions/0005-pushed-peer-counts.md,
+	// 0001-router-replica-lanes.md).
 	GossipPush    time.Duration
 	PushAsReplica bool
 	// KVEvents makes every server publish its KV events (vLLM's

@@ -55,45 +55,28 @@ func runDigest(t *testing.T, cfg Config) map[string]uint64 {
 // Changed once, with the ticket: dynamo-kv on chat (text prompts), because
 // every policy now reads the router's one token estimate (bytes per token
 // learned from the backends' usage) where the peers used 4 bytes a token;
-// Dynamo tokenizes, so the learned estimate is the nearer to it (same
-// workload at 60 s: hit rate 69.4 → 69.3 %, TTFT p99 613 → 507 ms).
+// Dynamo tokenizes, so the learned estimate is the nearer to it
+// (docs/decisions/0006-one-ticket-request-lifecycle.md).
 //
-// Changed again, on purpose, for kvroute alone: it prices the whole request
-// now (its stream and its delay to the streams where it lands, objective
-// e2e, the default). kvroute:ttft still decides exactly as kvroute did.
-// Measured effect (docs/BENCHMARKS.md, Streams; simulator, seeds 1–5,
-// 8 backends, against kvroute:ttft): Mooncake at 3× its rate, goodput
-// (TTFT ≤ 2 s and 50 ms a token) 71.4 → 81.2 %, e2e p50 12.5 → 9.9 s, ITL
-// p99 224 → 87 ms, hit rate 11.5 → 11.7 %, TTFT p50 416 → 511 ms and p99
-// 5.7 → 10.0 s; long-gen, goodput 85.1 → 95.7 %, e2e p99 129 → 118 s.
+// Changed for kvroute alone, on purpose: it prices the whole request (its
+// stream and its delay to the streams where it lands, objective e2e, the
+// default); kvroute:ttft still decides as kvroute did before
+// (docs/decisions/0007-decode-pricing-e2e-objective.md).
 //
 // Changed for kvroute on chat (two replicas) alone: behind replicas it
 // places unseen sessions on the cost without the stream's price and leaves
-// out the delay to the streams in flight (internal/router/kvroute/replicas.go), whose
-// counts replicas only estimate. This test's chat run: hit rate 75.2 →
-// 79.3 % (kvroute:ttft 79.5 %), TTFT p99 505 → 501 ms, e2e p99 2.56 →
-// 2.58 s; docs/BENCHMARKS.md (Router replicas) has the larger fleets.
+// out the delay to the streams in flight, whose counts replicas only
+// estimate (docs/decisions/0012-replica-session-placement.md).
 //
 // Changed for kvroute alone, on purpose: the e2e objective weighs the delay
-// to the streams in flight at a quarter of a second of TTFT, and the
-// request's own stream at a quarter for a short prompt up to a whole one
-// for a prompt of a second's prefill, and its ties that hold most of the
-// prompt go to the soonest first token (router.streamWeights,
-// soonestTies). kvroute:ttft decides as before. Measured effect
-// (docs/BENCHMARKS.md, Streams; seeds 1–5, 8 backends): Mooncake at 3×,
-// TTFT p50 513 → 431 ms and p99 10.1 → 5.8 s (kvroute:ttft 409 ms, 5.8 s),
-// hit rate 11.3 → 12.3 %, goodput 81.0 → 81.4 %, e2e p99 43.7 → 39.3 s;
-// at 2×, TTFT p50 412 → 312 ms, e2e p99 24.7 → 22.7 s; long-gen, goodput
-// 95.7 → 94.2 %.
+// to the streams in flight and the request's own stream by the prompt's
+// prefill, and its ties that hold most of the prompt go to the soonest
+// first token (kvroute's streamWeights, soonestTies; 0007).
 //
 // Changed for kvroute alone, on purpose: the e2e objective splits the
 // stall its prefill causes the streams in flight into the part any
-// candidate needs (a quarter) and the recompute a backend adds by not
-// holding the prompt (double), and leaves out the growth of their steps
-// (router.streamWeights). Measured effect (docs/BENCHMARKS.md, Streams;
-// seeds 1–5, 8 backends): long-gen, goodput 94.2 → 95.5 % (preble-e2
-// 95.6 %), TTFT p99 0.27 → 0.10 s, hit rate 93.2 → 95.7 %; Mooncake at
-// 3×, goodput 81.4 → 82.7 %, TTFT p99 5.78 → 5.95 s, ITL p99 95 → 103 ms.
+// candidate needs and the recompute a backend adds by not holding the
+// prompt, and leaves out the growth of their steps (streamWeights; 0007).
 //
 // kvroute's pruned pick (internal/router/kvroute/prune.go) leaves these
 // digests as they were: it starts above 64 backends, and these fleets have

@@ -67,12 +67,24 @@ func Specs() []string {
 	return []string{"chat", "chat-long", "small-chat", "multiturn[:PATH]", "shared-prefix", "agentic", "long-gen", "mixed", "mooncake[:PATH]", "azure[:PATH]"}
 }
 
+// dataSetName names a workload for reports: name alone, or with the file
+// name of the data set it was read from, so that a report carries no path
+// of the machine that produced it.
+func dataSetName(name, path string) string {
+	if path == "" {
+		return name
+	}
+	return name + ":" + filepath.Base(path)
+}
+
 // DefaultMTBench is where multiturn looks for MT-Bench questions, relative
 // to the shared data directory.
 const DefaultMTBench = "chat/mt_bench_question.jsonl"
 
 // Load makes the workload named by spec: a name, or a name and a path
-// ("mooncake:../shared/data/mooncake/conversation_trace.jsonl").
+// ("mooncake:../shared/data/mooncake/conversation_trace.jsonl"). The
+// workload's Name is the name and the data set's file name
+// ("mooncake:conversation_trace.jsonl"), never where the file is kept.
 func Load(spec string, opts Options) (Workload, error) {
 	name, path, _ := strings.Cut(spec, ":")
 	if opts.SpreadArrivals < 0 {
@@ -116,7 +128,7 @@ func Load(spec string, opts Options) (Workload, error) {
 	if len(w.Sessions) == 0 {
 		return Workload{}, fmt.Errorf("workload %s: no requests (duration or rate too small?)", spec)
 	}
-	w.Name = spec
+	w.Name = dataSetName(name, path)
 	if w.Spread == nil {
 		sort.SliceStable(w.Sessions, func(a, b int) bool { return w.Sessions[a].Start < w.Sessions[b].Start })
 		return w, nil

@@ -1,6 +1,8 @@
 package workload
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -137,5 +139,30 @@ func TestLongGenHasLongTurns(t *testing.T) {
 	}
 	if frac := float64(long) / float64(all); frac < 0.08 || frac > 0.2 {
 		t.Errorf("%.3f of turns ask for long generations, want about 0.13", frac)
+	}
+}
+
+// A workload read from a file is named by its data set's file name, not by
+// the path it was read from: reports carry the name in their titles.
+func TestLoadNamesTheDataSetNotThePath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "somewhere", "mooncake")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "conversation_trace.jsonl")
+	trace := `{"timestamp": 0, "input_length": 1024, "output_length": 10, "hash_ids": [1, 2]}` + "\n" +
+		`{"timestamp": 500, "input_length": 512, "output_length": 5, "hash_ids": [1]}` + "\n"
+	if err := os.WriteFile(path, []byte(trace), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w, err := Load("mooncake:"+path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Name != "mooncake:conversation_trace.jsonl" {
+		t.Errorf("Name = %q, want mooncake:conversation_trace.jsonl", w.Name)
+	}
+	if w, _ := Load("chat", Options{Duration: time.Minute}); w.Name != "chat" {
+		t.Errorf("Name = %q, want chat", w.Name)
 	}
 }

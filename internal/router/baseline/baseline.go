@@ -44,18 +44,28 @@ func (p *RoundRobin) Pick(_ *router.Request, cands []*fleet.Backend) (router.Dec
 // in flight (counted by the router the moment it routes), breaking ties at
 // random so that an idle fleet does not send everything to its first backend.
 type LeastRequest struct {
-	rand *router.Rand
+	intN func(int) int
 }
 
 // NewLeastRequest returns the policy; seed 0 picks a random seed.
-func NewLeastRequest(seed uint64) *LeastRequest { return &LeastRequest{rand: router.NewRand(seed)} }
+func NewLeastRequest(seed uint64) *LeastRequest {
+	return &LeastRequest{intN: router.NewRand(seed).IntN}
+}
+
+// NewLeastRequestRand returns the policy breaking ties with intN, which
+// returns a uniform random int in [0, n) and must be safe for concurrent
+// use (math/rand/v2.IntN is): for a caller that owns its random source, as
+// the proxy does for tests that fix the tie-breaks.
+func NewLeastRequestRand(intN func(int) int) *LeastRequest {
+	return &LeastRequest{intN: intN}
+}
 
 // Name implements Policy.
 func (*LeastRequest) Name() string { return "least-request" }
 
 // Pick implements Policy.
 func (p *LeastRequest) Pick(_ *router.Request, cands []*fleet.Backend) (router.Decision, error) {
-	b := router.LeastLoaded(cands, p.rand.IntN)
+	b := router.LeastLoaded(cands, p.intN)
 	if b == nil {
 		return router.Decision{}, router.ErrNoBackend
 	}

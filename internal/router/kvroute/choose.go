@@ -59,12 +59,22 @@ func (p *Policy) breakTie(cand []candidate, cands []*fleet.Backend, best int, fl
 // build than the decision and say nothing more than the cheapest few.
 const maxScores = 16
 
+// termNames are the names of a cost's terms, in the order terms.list gives
+// them and LogValue logs them.
+var termNames = []string{"queued", "compute", "kv_wait", "slot_wait", "calibration", "miss", "stream"}
+
+// list returns t as a Score's terms, named by termNames.
+func (t terms) list() router.Terms {
+	return router.Terms{Names: termNames, Seconds: [router.MaxTerms]float64{t.queued, t.compute, t.kvWait, t.slotWait, t.calibration, t.miss, t.stream}}
+}
+
 // explain returns the decision's scores: every candidate's, in order, or
 // in a larger fleet the chosen one's and the cheapest others', cheapest
 // first.
 func explain(cand []candidate, cands []*fleet.Backend, best int) []router.Score {
 	score := func(i int) router.Score {
-		return router.Score{Backend: cands[i].Name, Cost: cand[i].cost, TTFT: seconds(cand[i].ttft), Cached: cand[i].cached}
+		return router.Score{Backend: cands[i].Name, Cost: cand[i].cost, TTFT: seconds(cand[i].ttft), Cached: cand[i].cached,
+			Terms: cand[i].terms.list()}
 	}
 	scores := make([]router.Score, 0, min(len(cands), maxScores))
 	if len(cands) <= maxScores {

@@ -279,27 +279,21 @@ func (s *streamCost) cost(i int, c *candidate, l fleet.Load) float64 {
 // A stream already running loses less than a request waiting for its first
 // token: its reader has text, and a stall stretches its pace. Counted at
 // full weight, the stall by the prefill any candidate needs sent long
-// prompts wherever few streams ran, which is where other prefill was queued
-// (Mooncake at 3× its rate, seeds 1–5: TTFT p99 10.1 s against 5.8 s for the
-// TTFT objective): it counts a quarter. The recompute a backend adds by not
+// prompts wherever few streams ran, which is where other prefill was
+// queued: it counts a quarter. The recompute a backend adds by not
 // holding the prompt is the part a choice avoids, and it counts double: at
-// a quarter, long-gen's sessions moved off their cache onto busy backends
-// and their prefill pushed those backends' short replies over 25 ms a token
-// (seeds 1–5: goodput 94.2 against preble-e2's 95.6 %); at 2 it is 95.5 %,
-// its TTFT p99 0.27 → 0.10 s, and Mooncake at 3× gains goodput (81.4 →
-// 82.7 %) and hit rate (12.3 → 12.9 %) for a little of its TTFT tail (p99
-// 5.78 → 5.95 s); 1 and 4 did worse. The growth of their steps by the
-// request's KV is left out: counted at a quarter it moved sessions off
-// their cache too (long-gen 95.1 %, Mooncake at 3× TTFT p99 6.3 s), and the
-// request's own time per token already prices the batch it joins.
+// a quarter, sessions moved off their cache onto busy backends and their
+// prefill pushed those backends' short replies past the time-per-token
+// bound. The growth of their steps by the request's KV is left out:
+// counted, it moved sessions off their cache too, and the request's own
+// time per token already prices the batch it joins.
 // The request's own stream weighs little for a short prompt, whose time per
-// token differs by milliseconds between backends: buying them with a queue
-// raised the TTFT p50 from 0.41 to 0.51 s. It weighs fully for a prompt
-// whose prefill takes ownStreamFull or more: there its time per token on a
-// backend, slowed by the prefill sent there lately, is what tells the
-// backends already computing long prompts, and at a quarter such prompts
-// queued behind each other (TTFT p99 7.2 s). docs/BENCHMARKS.md, Streams,
-// has every weight tried.
+// token differs by milliseconds between backends, not worth a queue. It
+// weighs fully for a prompt whose prefill takes ownStreamFull or more:
+// there its time per token on a backend, slowed by the prefill sent there
+// lately, is what tells the backends already computing long prompts
+// (docs/decisions/0007-decode-pricing-e2e-objective.md has the weights
+// tried).
 func streamWeights(least float64) (own float64, others delayWeights) {
 	return clamp(least/ownStreamFull, ownStreamLight, 1), e2eDelay
 }
@@ -327,11 +321,9 @@ func (s *share) meanInverse() float64 {
 // router has none of its own there) against a typical stream's (typical
 // tokens). Counted in seconds alone, a stall costs a short stream what it
 // costs a long one, and kvroute made prefill-only backends of those whose
-// streams were short: their time per token went from 20 ms to 120 ms (the
-// Azure conversation trace at 25× its rate, ITL p99 103 ms against 27 ms
-// for the TTFT objective); counted per token alone, it sent prefill onto
-// long streams and lost the long-generation workload's cache (hit rate
-// 93 → 85 %). The mean keeps both (docs/BENCHMARKS.md, Streams).
+// streams were short, slowing their time per token; counted per token
+// alone, it sent prefill onto long streams and lost their cache. The mean
+// keeps both (docs/decisions/0007-decode-pricing-e2e-objective.md).
 func stalled(n, typical, inverse float64) float64 {
 	if inverse == 0 {
 		return n
@@ -344,10 +336,9 @@ func stalled(n, typical, inverse float64) float64 {
 // with turns to come (future > 0), the streams weighed by their time per
 // token's growth alone, so that a session moved off its cache lands where
 // the streams are long, not where short replies decode near a time-per-
-// token bound; otherwise stalled's mean. BENCHMARKS.md, Streams, has what
-// it changed: with the own stream priced for the turns to come, long-gen's
-// goodput at or above preble-e2's on every seed; for every request, not
-// only a session's, it cost Mooncake (single turns) goodput and TTFT p99.
+// token bound; otherwise stalled's mean: for every request, not only a
+// session's, it cost single-turn traces goodput
+// (docs/decisions/0007-decode-pricing-e2e-objective.md).
 func recomputed(st, n, typical, inverse, future float64) float64 {
 	if future <= 0 || inverse == 0 {
 		return st
@@ -422,9 +413,8 @@ func (p *Policy) stream(req *router.Request, s *pickScratch, ln *learned, prompt
 	// so the own prefill it predicts is off wherever another replica put
 	// a session's turns; the delay to the streams in flight multiplies
 	// that error by the fleet's whole count of them (scaled or reported),
-	// and it moved turns off their cache (chat, 16 backends, 4 replicas
-	// with shared counts: 69 % of prompt tokens cached with it, 77 %
-	// without; docs/BENCHMARKS.md, Router replicas). With the engines'
+	// and it moved turns off their cache
+	// (docs/decisions/0012-replica-session-placement.md). With the engines'
 	// events and the others' counts exact it prices it, as one router
 	// (asOne).
 	st.others = s.one
@@ -444,7 +434,7 @@ func (p *Policy) stream(req *router.Request, s *pickScratch, ln *learned, prompt
 	st.inverse = s.inverse
 	// idle is this turn's stream alone: priced for the turns to come as
 	// well, its error widened the ties and lost long-gen's goodput on its
-	// heaviest seed (docs/BENCHMARKS.md, Streams).
+	// heaviest seed (docs/decisions/0007-decode-pricing-e2e-objective.md).
 	st.idle = st.wOwn * st.out * st.fit.perToken(st.need, 1, 0)
 	return st
 }

@@ -238,10 +238,9 @@ func (c Config) withDefaults() Config {
 // drop a peer, yet short beside a stream's life.
 const DefaultPeerMaxAge = time.Second
 
-// DefaultPeerPush is Config.PeerPush's default in kvroute serve:
-// a pushed count reached another replica 0.8 ms after the change at the
-// median and 1.5 ms on average on a loaded machine (docs/BENCHMARKS.md,
-// Router replicas).
+// DefaultPeerPush is Config.PeerPush's default in kvroute serve: a
+// little longer than a pushed count takes to reach another replica
+// (docs/decisions/0005-pushed-peer-counts.md).
 const DefaultPeerPush = 2 * time.Millisecond
 
 // maxSessions bounds the sessions kvroute remembers the backend of; past

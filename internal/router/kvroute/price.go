@@ -22,6 +22,7 @@ type candidate struct {
 	x      [calDims]float64 // the calibration's features (calibrate.go)
 	cost   float64          // what the choice minimises
 	stream float64          // of which the stream's price (decode.go)
+	terms  terms            // the cost term by term, for the decision's scores
 }
 
 // candidates works out, for every candidate, the prompt tokens expected
@@ -64,8 +65,9 @@ func (p *Policy) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.Lo
 	for i, b := range cands {
 		c := &cand[i]
 		t := p.terms(i, b, c, loads[i], ln, penalty, st)
-		ttft, cost := p.calibrated(c, b, t, loads[i])
-		c.stream = t.stream
+		p.calibrate(c, b, &t, loads[i])
+		ttft, cost := t.ttft(), t.cost()
+		c.stream, c.terms = t.stream, t
 		if float64(loads[i].Requests+1) > bound {
 			cost = math.Inf(1) // over the load bound: only if all are
 		}
@@ -95,6 +97,9 @@ type terms struct {
 	kvWait float64
 	// slotWait is the wait for a free slot, on engines that report slots.
 	slotWait float64
+	// calibration is what the calibrated TTFT adds to the terms above
+	// (negative where they overstate it), where it prices (calibrate.go).
+	calibration float64
 	// miss is MissPenalty times its prefill there: what recomputing a
 	// prefix costs the requests queued behind it.
 	miss float64
@@ -110,7 +115,7 @@ type terms struct {
 }
 
 // ttft is the predicted time to first token: the terms before miss.
-func (t terms) ttft() float64 { return t.queued + t.compute + t.kvWait + t.slotWait }
+func (t terms) ttft() float64 { return t.queued + t.compute + t.kvWait + t.slotWait + t.calibration }
 
 // cost is what the choice minimises.
 func (t terms) cost() float64 { return t.ttft() + t.miss + t.stream }
@@ -119,22 +124,21 @@ func (t terms) cost() float64 { return t.ttft() + t.miss + t.stream }
 func (t terms) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.Float64("queued", t.queued), slog.Float64("compute", t.compute),
-		slog.Float64("kv_wait", t.kvWait), slog.Float64("slot_wait", t.slotWait),
+		slog.Float64("kv_wait", t.kvWait), slog.Float64("slot_wait", t.slotWait), slog.Float64("calibration", t.calibration),
 		slog.Float64("miss", t.miss), slog.Float64("stream", t.stream))
 }
 
-// calibrated returns candidate c's TTFT as the calibration predicts it from
-// the engine model's terms t (the model's own while it predicts better:
-// calibrate.go), and its cost with that TTFT; it keeps the features and the
-// interval in c.
-func (p *Policy) calibrated(c *candidate, b *fleet.Backend, t terms, l fleet.Load) (ttft, cost float64) {
-	c.x = features(t.ttft(), c.miss, l, p.kvTokens(b), t.seenWait, t.gpu)
+// calibrate sets t's calibration term: what the calibrated TTFT adds to the
+// engine model's (none while the model predicts better: calibrate.go). It
+// keeps the features and the prediction interval in c.
+func (p *Policy) calibrate(c *candidate, b *fleet.Backend, t *terms, l fleet.Load) {
+	model := t.ttft()
+	c.x = features(model, c.miss, l, p.kvTokens(b), t.seenWait, t.gpu)
 	pr, calibrated := p.cal.predict(b.Index, &c.x)
 	c.lo, c.hi = pr.Lo, pr.Hi
-	if !calibrated {
-		return t.ttft(), t.cost() // the model's, added up as ever
+	if calibrated {
+		t.calibration = pr.Mean - model
 	}
-	return pr.Mean, pr.Mean + t.miss + t.stream
 }
 
 // kvTokens returns b's KV capacity in tokens: what it reports, else the

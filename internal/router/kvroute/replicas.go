@@ -52,10 +52,9 @@ import (
 // and still be where a replica places a session it has not seen: wider
 // than the tie tolerance, so that replicas whose views differ by a cached
 // system prompt still agree, yet small beside a long prompt's prefill, so
-// that a one-request session is not sent somewhere much slower. Measured
-// with `kvroute sim --routers` (docs/BENCHMARKS.md): 150 ms keeps most of a
-// conversation's turns together on a chat workload; a relative slack (half
-// the best cost) kept as many but lengthened Mooncake's prefill-bound TTFTs.
+// that a one-request session is not sent somewhere much slower; a relative
+// slack kept as many turns together but lengthened prefill-bound TTFTs
+// (docs/decisions/0012-replica-session-placement.md).
 const placementSlack = 0.15 // s
 
 // s
@@ -138,24 +137,16 @@ func (q peerPrefill) wait(prefill func(tokens float64) float64) float64 {
 // (Config.PeersExact). Then none of what sets replicas apart is
 // left: the caches it prices and the load it counts are the fleet's, and
 // placing by hash or leaving the delay to others out only loses what one
-// router gains. Measured with the simulator's --gossip-each-request
-// (Mooncake, 64 servers, events, 8 replicas, seeds 1–3; docs/BENCHMARKS.md,
-// Router replicas): placed by hash, TTFT p99 5.83–5.84 s and end-to-end
-// p99 28.0–28.2 s against one router's 6.01 s and 22.8–23.0 s; as one
-// router, 5.84–5.88 s and 23.0–23.6 s, hit rate 98–101 % of one router's.
+// router gains (docs/decisions/0005-pushed-peer-counts.md).
 // With counts a poll old it must not: the replicas route a burst arriving
 // at one instant before any count reaches the others, and priced alike
-// they herd (TTFT p99 8.91 s against 6.61 s placed by hash, seed 1).
+// they herd (0012-replica-session-placement.md).
 // Counts pushed as they change (`kvroute sim --gossip-push 500us`: a
 // network delay old, never a poll) are exact but for the last half
-// millisecond's picks, and on the same trace with its arrivals spread over
-// the 3-second ticks they were logged in (--spread-arrivals 3s) deciding as
-// one router matches one router (TTFT p99 5.83 s, end-to-end p99 22–23 s,
-// hit rate 101–103 % of one router's) where deciding as a replica leaves
-// the end-to-end p99 at 26–29 s. Replayed as logged, every tick's requests
-// at one instant, the same push herds (TTFT p99 9.05–10.4 s against one
-// router's 6.01 s): no delay is short enough for a burst of one instant,
-// which live traffic is not.
+// millisecond's picks: with arrivals spread in time, deciding as one
+// router matches one router where deciding as a replica does not; in a
+// burst of one instant the same push herds, for no delay is short enough
+// (0005, 0001-router-replica-lanes.md).
 //
 // Live traffic bursts too (a client sending a batch at once), so behind
 // pushed counts (Config.PeerPush) a replica decides as one router
@@ -199,17 +190,9 @@ func (p *Policy) mode(now time.Time) (one, lanes bool) {
 // (Config.Lanes). No other replica places a new prompt there in the
 // burst, and within its lane it knows every pick. Only a server holding a
 // good part of the prompt more than any in its lane (laneShare) draws a
-// prompt out of it. On Mooncake, 64 servers, 8 replicas, the trace's
-// ticks replayed at one instant (docs/BENCHMARKS.md, Router replicas),
-// the TTFT p99 fell from 6.55-6.84 s to 6.02-6.35 s (one router: 6.01 s),
-// with 11.4-11.5 % of the prompt tokens cached (one router 12.3-12.4 %);
-// with a fresh replica in its lane from its first pick (burstWatch.pick)
-// and the lane's picks decided by the whole cost, see below (session 10).
-// Lanes by rendezvous hashing of each server over the replicas' names,
-// uneven (about 8 ± 3 servers of 64 each), reached 7.02 s on seed 1; no
-// lanes, but copies of the request placed greedily over as many slots as
-// replicas and one taken at random, 7.08 s: spreading at random sends
-// more long prompts to one server, not fewer.
+// prompt out of it. Lanes by rendezvous hashing are uneven, and copies of
+// the request placed greedily with one taken at random send more long
+// prompts to one server, not fewer (docs/decisions/0001-router-replica-lanes.md).
 //
 // A replica cannot tell the first pick of a burst from a lone one, so
 // where most of its picks come in bursts (burstyShare), it keeps every
@@ -217,30 +200,21 @@ func (p *Policy) mode(now time.Time) (one, lanes bool) {
 // whole cost, as one router does (placementKey), but leaves out the delay
 // to the streams in flight (stream), as a replica does: priced alike by
 // replicas that cannot see each other's picks, that delay sent long
-// prompts together. Mooncake, 64 servers, 8 replicas, instant bursts,
-// seeds 1-3 (docs/BENCHMARKS.md, session 10), a fresh replica in its lane
-// in all three: so, TTFT p99 6.00, 6.02, 6.17 s (one router 6.01 s),
-// end-to-end p99 23.8-25.2 s (one router 22.1-22.8 s), 11.6-12.1 % of the
-// prompt tokens cached; placed by the cost without the stream's price, by
-// hash near the cheapest, as a replica, 5.85, 5.93, 6.16 s and 30.0-32.0 s;
-// as one router, 6.42, 6.16, 6.21 s and 24.5-26.2 s.
+// prompts together (docs/decisions/0001-router-replica-lanes.md).
 
 // burstyShare is the share of a replica's picks coming within the push
 // delay of its previous one above which it keeps every pick to its lane:
 // Poisson arrivals stay far below it until a replica's picks come about
 // as fast as the push (a share of 0.5 at 350 a second with the 2 ms
-// default), a trace's bursts of one instant well above it. Keeping to the
-// lane only from a burst's second pick on, Mooncake's TTFT p99 was 6.19 s
-// on seed 1 where from the first it was 5.91 s (laneShare a half).
+// default), a trace's bursts of one instant well above it. A burst's
+// first pick keeps to the lane too, since it looks like a lone one
+// (docs/decisions/0001-router-replica-lanes.md).
 const burstyShare = 0.5
 
 // laneShare is how much more of the prompt than any server in the lane a
 // server outside it must hold to draw a burst's pick there. A half, as
-// placement asks (stickyShare), kept fewer prompts cached on Mooncake
-// (10.9-11.4 % against 11.4-11.5 %) for a TTFT p99 of 5.91-6.20 s
-// against 6.02-6.35 s. Asking as well that the server outside save a
-// quarter of a second of prefill or more lost the cache (10.2 % on seed 3)
-// for 6.31 s.
+// placement asks (stickyShare), kept fewer prompts cached
+// (docs/decisions/0001-router-replica-lanes.md, alternatives).
 const laneShare = 0.25
 
 // laneScratch holds a pick's candidates within its lane.
@@ -352,14 +326,8 @@ func backendKey(b *fleet.Backend) uint64 {
 
 // burstHold is how long a replica behind pushed counts decides as a
 // replica (in its lane, given Lanes) after its picks last came faster than
-// the push. Measured on
-// Mooncake (64 servers, 8 replicas, events, push 0.5 ms, seeds 1-3;
-// docs/BENCHMARKS.md, Router replicas): at 500 ms, with the trace's
-// arrivals spread over their ticks, the TTFT p99 is one router's (5.83 s)
-// and replayed as instant bursts it is 6.55-6.84 s where deciding as one
-// router herds to 9.05-10.4 s. A hold of 2 s, longer than the bursts' gap,
-// was level on bursts (6.51-6.68 s) but lost a step of p99 to spread
-// arrivals (6.00 s on seed 3); with no hold, bursts reached 6.95 s (seed 3).
+// the push: long enough to span a trace's bursts, short enough that spread
+// arrivals decide as one router (docs/decisions/0001-router-replica-lanes.md).
 const burstHold = 500 * time.Millisecond
 
 // burstWatch tells a replica whether its picks come in a burst.
@@ -382,13 +350,10 @@ const shareDecay = 1.0 / 64
 //
 // Before its first pick a replica takes its traffic to come in bursts (a
 // share of 1, weighed as one pick) and learns otherwise from its picks'
-// mean until it has made 64, then from their decayed share. Started at
-// none, decided as one router until some fifty picks had taught it the
-// bursts, the replicas sent their first picks of the trace's early bursts
-// to the same server, which one router would have spread (Mooncake, 64
-// servers, 8 replicas: seven at one instant on seed 3, four of them in the
-// run's slowest 1 %; docs/BENCHMARKS.md, session 10). Picks spread in time
-// leave the lanes from the second on.
+// mean until it has made 64, then from their decayed share: started at
+// none, the replicas sent their first picks of a trace's early bursts to
+// the same server (docs/decisions/0001-router-replica-lanes.md). Picks
+// spread in time leave the lanes from the second on.
 func (w *burstWatch) pick(at, delay time.Duration) (bool, float64) {
 	prev := w.last.Swap(int64(at) + 1)
 	near := prev != 0 && int64(at)+1-prev < int64(delay)
@@ -536,7 +501,7 @@ func (r *returning) place(key uint64, hasSession bool, replicas int) bool {
 // of new ones must not herd onto the one cheapest backend while the
 // replicas' shared counts are a poll old), one-request sessions do not
 // (Mooncake's: the slack only sends their long prompts up to 150 ms
-// dearer, which cost 7–13 % of the TTFT p99; docs/BENCHMARKS.md).
+// dearer; docs/decisions/0012-replica-session-placement.md).
 func (r *returning) conversations(replicas int) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -568,8 +533,7 @@ func rendezvousWithin(cand []candidate, cands []*fleet.Backend, first int, key u
 // replicas count differently (scaled by M, or with peers' reports up to a
 // poll old), and spans seconds where the slack is 150 ms: priced in, the
 // replicas rarely agreed on the slack's candidates and scattered a
-// session's first turns (chat, 16 backends, 4 replicas: 68 % of prompt
-// tokens cached against 76 % for the TTFT objective; docs/BENCHMARKS.md).
+// session's first turns (docs/decisions/0012-replica-session-placement.md).
 func placed(c *candidate) float64 { return c.cost - c.stream }
 
 // rendezvous is backend i's weight for key: the candidate with the highest
