@@ -986,7 +986,8 @@ func TestNewRequiresFleetAndPolicy(t *testing.T) {
 
 // TestExplainHeaders: with Config.Explain a response names the policy's
 // predicted cached tokens and TTFT; without it, it does not (they tell a
-// client what the fleet holds).
+// client what the fleet holds). The predicted TTFT in seconds is always
+// sent.
 func TestExplainHeaders(t *testing.T) {
 	be := nameBackend(t, "b0")
 	for _, explain := range []bool{false, true} {
@@ -1000,6 +1001,10 @@ func TestExplainHeaders(t *testing.T) {
 		cached, ttft := res.Header.Get(HeaderPredictedCached), res.Header.Get(HeaderPredictedTTFT)
 		if explain && (cached == "" || cached == "0" || ttft != "250.0") || !explain && (cached != "" || ttft != "") {
 			t.Errorf("Explain %v: predicted cached %q, TTFT %q", explain, cached, ttft)
+		}
+		// The prediction the request was routed on goes out either way.
+		if got := res.Header.Get(HeaderPredictedTTFTSeconds); got != "0.2500" {
+			t.Errorf("Explain %v: %s %q, want 0.2500", explain, HeaderPredictedTTFTSeconds, got)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -83,6 +84,10 @@ type calibration struct {
 	// off: price and predict with the engine model alone
 	// (Config.NoCalibration).
 	off bool
+	// now is the policy's clock and start when the policy began: the logs
+	// say how long after the start a cache signal changed.
+	now   func() time.Time
+	start time.Time
 	// slots is the most requests each backend has been seen running, by
 	// backend index (batchSeen); replaced, values copied, when the fleet
 	// grows.
@@ -104,6 +109,7 @@ func (c *calibration) init(cfg Config, n int) {
 	}
 	c.prior.Grow(n)
 	c.cache = calibrate.NewCacheSignal(calibrate.CacheSignalConfig{Now: cfg.Now})
+	c.now, c.start = cfg.Now, cfg.Now()
 	c.off = cfg.NoCalibration
 	s := make([]atomic.Int32, n)
 	c.slots.Store(&s)
@@ -125,7 +131,7 @@ func (c *calibration) grow(n int, gone []int) {
 		c.ttft.Reset(i)
 		c.prior.Reset(i)
 		if tr := c.cache.Reset(i); tr.Changed() {
-			logCacheTransition(tr)
+			c.logCacheTransition(tr)
 		}
 		slots[i].Store(0)
 	}
@@ -165,10 +171,10 @@ func (c *calibration) observe(b int, x *[calDims]float64, ttft float64, predicte
 	}
 	tr, fleetTr := c.cache.Observe(b, predicted, cached)
 	if tr.Changed() {
-		logCacheTransition(tr)
+		c.logCacheTransition(tr)
 	}
 	if fleetTr.Changed() {
-		logCacheTransition(fleetTr)
+		c.logCacheTransition(fleetTr)
 	}
 }
 
@@ -188,8 +194,9 @@ func (c *calibration) predict(b int, x *[calDims]float64) (calibrate.Prediction,
 // selector chooses, from the fleet's recent first tokens, which predicts
 // better: the calibrated fit or the engine model alone. Each one's error is
 // its mean |log(observed/predicted)| over the last selectMemory streams;
-// the fit takes over when its error is under selectMargin of the model's,
-// and hands back when it is no longer under the model's.
+// the fit takes over when its error is under selectMargin of the model's
+// and selectGap below it, and hands back when it is no longer under the
+// model's.
 type selector struct {
 	mu         sync.Mutex
 	model, fit float64 // decayed sums of the errors
@@ -201,6 +208,7 @@ const (
 	selectMemory = 200.0 // streams
 	selectMargin = 0.8
 	selectLeast  = 50.0 // streams before the fit may take over
+	selectGap    = 0.02 // mean |log error|: 2 % closer, not a rounding error closer
 )
 
 // observe counts a stream's first token y against what the model and the
@@ -217,7 +225,7 @@ func (s *selector) observe(y, model, fit float64, use bool) {
 	s.n = s.n*decay + 1
 	on := s.calibrated.Load()
 	switch {
-	case !on && s.n >= selectLeast && s.fit < selectMargin*s.model:
+	case !on && s.n >= selectLeast && s.fit < selectMargin*s.model && (s.model-s.fit)/s.n > selectGap:
 		s.calibrated.Store(true)
 		if !use {
 			return
@@ -243,19 +251,20 @@ func (c *calibration) cacheDead(b int) bool {
 }
 
 // logCacheTransition logs a change of a cache signal's state, once per
-// change.
-func logCacheTransition(tr calibrate.CacheTransition) {
+// change, with how long after the policy's start it came.
+func (c *calibration) logCacheTransition(tr calibrate.CacheTransition) {
+	after := slog.Duration("after", c.now().Sub(c.start))
 	who := slog.Int("backend", tr.Backend)
 	if tr.Backend == calibrate.Fleet {
 		who = slog.String("backend", "fleet")
 	}
 	if tr.To == calibrate.CacheOK {
 		slog.Info("kvroute: the engines' cached tokens match the prefix index again; affinity is priced again",
-			who, slog.String("from", tr.From.String()), slog.Float64("reported_over_predicted", tr.Ratio))
+			who, after, slog.String("from", tr.From.String()), slog.Float64("reported_over_predicted", tr.Ratio))
 		return
 	}
 	slog.Warn("kvroute: the cached tokens the engines report do not match the prefix index's predictions; affinity is no longer priced there (prefix caching off, a chat template or tokenizer the index does not match, or an engine that does not report usage.prompt_tokens_details.cached_tokens; see docs/operations.md)",
-		who, slog.String("state", tr.To.String()), slog.Float64("reported_over_predicted", tr.Ratio))
+		who, after, slog.String("state", tr.To.String()), slog.Float64("reported_over_predicted", tr.Ratio))
 }
 
 var cacheSignalDesc = prometheus.NewDesc("kvroute_cache_signal_state",

@@ -1,0 +1,145 @@
+package kvroute
+
+import (
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/routertest"
+)
+
+// A fleet whose engines report no cached tokens where the index predicts
+// many (prefix caching off) raises the alarm within a minute of requests at
+// two a second, and from then on the policy prices no affinity: a prompt
+// the index holds is priced as computed whole, and the router counts its
+// whole prefill.
+func TestDeadCacheSignalStopsPricingAffinity(t *testing.T) {
+	bs := routertest.Backends(4)
+	now := time.Unix(1000, 0)
+	r := newKVRouter(bs, Config{Seed: 1, Now: func() time.Time { return now }})
+	p := r.Policy().(*Policy)
+	system := routertest.Words(1, 16_000) // about 4k tokens every request shares
+	var alarm time.Duration
+	for i := range 240 {
+		req := &router.Request{Model: "m", Prompt: system + routertest.Words(100+i, 200)}
+		tk := routertest.Route(t, r, req, bs)
+		if alarm == 0 && p.cal.cacheDead(tk.Backend.Index) {
+			alarm = time.Duration(i) * 500 * time.Millisecond
+			if tk.Cached != 0 {
+				t.Errorf("after the alarm the decision still counts %d tokens cached", tk.Cached)
+			}
+		}
+		tk.FirstToken()
+		tk.Finish(router.Outcome{Status: 200, PromptTokens: req.PromptTokens, CachedTokens: 0,
+			CompletionTokens: 10, Tokens: 10, TTFT: 50 * time.Millisecond, Latency: 200 * time.Millisecond})
+		now = now.Add(500 * time.Millisecond)
+	}
+	if alarm == 0 || alarm > time.Minute {
+		t.Fatalf("the alarm fired after %v of requests at 2/s, want within a minute", alarm)
+	}
+	t.Logf("alarm after %v", alarm)
+	if got := cacheState(t, p, ""); got != "dead" {
+		t.Errorf(`kvroute_cache_signal_state{backend=""} is %q, want "dead"`, got)
+	}
+	d := routertest.Pick(t, p, &router.Request{Model: "m", Prompt: system + "again", PromptTokens: 4000}, bs)
+	for _, s := range d.Scores {
+		if s.Cached != 0 {
+			t.Errorf("%s is priced with %d tokens cached on a fleet whose cache signal is dead", s.Backend, s.Cached)
+		}
+	}
+}
+
+// cacheState returns the state the policy's kvroute_cache_signal_state
+// reports for backend ("" for the fleet).
+func cacheState(t *testing.T, p *Policy, backend string) string {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(p)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["backend"] == backend && m.GetGauge().GetValue() == 1 {
+				return labels["state"]
+			}
+		}
+	}
+	return ""
+}
+
+// On an engine three times slower than the model says, with a tenth of a
+// second per request on top, the calibrated TTFT takes over the pricing
+// and predicts within 15 % after a few hundred requests; on an engine the
+// model describes, the model keeps it.
+func TestCalibrationTakesOverWhereItPredictsBetter(t *testing.T) {
+	for _, tt := range []struct {
+		name           string
+		truth          func(model float64) float64
+		wantCalibrated bool
+	}{
+		{"the model's engine", func(m float64) float64 { return m }, false},
+		{"a slower engine", func(m float64) float64 { return 3*m + 0.1 }, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			bs := routertest.Backends(4)
+			now := time.Unix(1000, 0)
+			r := newKVRouter(bs, Config{Seed: 1, Now: func() time.Time { return now }})
+			p := r.Policy().(*Policy)
+			var apes []float64
+			for i := range 500 {
+				// Prompts of 100 to 20k tokens, some sharing a prefix.
+				n := 400 + (i*7919)%80_000
+				req := &router.Request{Model: "m", Prompt: routertest.Words(i%5, n/2) + routertest.Words(1000+i, n/2)}
+				tk := routertest.Route(t, r, req, bs)
+				model := modelTTFT(t, tk.Decision)
+				y := tt.truth(model)
+				if i >= 300 {
+					apes = append(apes, math.Abs(tk.PredictedTTFT.Seconds()-y)/y)
+				}
+				tk.FirstToken()
+				tk.Finish(router.Outcome{Status: 200, PromptTokens: req.PromptTokens, CachedTokens: tk.Cached,
+					CompletionTokens: 10, Tokens: 10, TTFT: seconds(y), Latency: seconds(y + 0.1)})
+				now = now.Add(time.Second) // one at a time: no queue
+			}
+			if got := p.cal.sel.calibrated.Load(); got != tt.wantCalibrated {
+				t.Errorf("calibrated prices: %v, want %v", got, tt.wantCalibrated)
+			}
+			slices.Sort(apes)
+			if med := apes[len(apes)/2]; med > 0.15 {
+				t.Errorf("median error of the predicted TTFT over requests 300-500: %.3f, want at most 0.15", med)
+			} else {
+				t.Logf("median error over requests 300-500: %.3f", med)
+			}
+		})
+	}
+}
+
+// modelTTFT returns the engine model's TTFT for the chosen backend: the
+// terms of its score before the calibration's.
+func modelTTFT(t *testing.T, d router.Decision) float64 {
+	t.Helper()
+	for _, s := range d.Scores {
+		if s.Backend != d.Backend.Name {
+			continue
+		}
+		var sum float64
+		for i, name := range s.Terms.Names {
+			if name == "calibration" {
+				return sum
+			}
+			sum += s.Terms.Seconds[i]
+		}
+	}
+	t.Fatal("no score for the chosen backend")
+	return 0
+}
