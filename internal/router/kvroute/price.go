@@ -10,24 +10,28 @@ import (
 
 // candidate is what Pick works out about one backend before costing it.
 type candidate struct {
-	cached int              // prompt tokens expected cached there
-	sure   int              // of which the index holds
-	maybe  int              // prompt tokens recent holds there
-	miss   float64          // prompt tokens to compute there
-	slow   float64          // its TTFTs over the fleet's, relative to the mean
-	queued float64          // seconds of prefill ahead there
-	own    float64          // seconds of the request's own prefill there
-	ttft   float64          // predicted TTFT there, seconds (calibrated)
-	lo, hi float64          // its prediction interval
-	x      [calDims]float64 // the calibration's features (calibrate.go)
-	cost   float64          // what the choice minimises
-	stream float64          // of which the stream's price (decode.go)
-	terms  terms            // the cost term by term, for the decision's scores
+	cached int     // prompt tokens expected cached there
+	sure   int     // of which the index holds
+	maybe  int     // prompt tokens recent holds there
+	miss   float64 // prompt tokens to compute there
+	slow   float64 // its TTFTs over the fleet's, relative to the mean
+	queued float64 // seconds of prefill ahead there
+	own    float64 // seconds of the request's own prefill there
+	// seenWait is the wait for a batch slot there if the engine ran no
+	// more requests at once than the most it has been seen running.
+	seenWait float64
+	ttft     float64          // predicted TTFT there, seconds (calibrated)
+	lo, hi   float64          // its prediction interval
+	x        [calDims]float64 // the calibration's features (calibrate.go)
+	cost     float64          // what the choice minimises
+	stream   float64          // of which the stream's price (decode.go)
+	terms    terms            // the cost term by term, for the decision's scores
 }
 
 // candidates works out, for every candidate, the prompt tokens expected
 // cached there, its slowness, the prefill queued ahead and the request's own
-// prefill; and the least prefill queued on any (the fleet's backlog).
+// prefill; and the least wait on any, for prefill queued or a batch slot
+// (the fleet's backlog).
 func (p *Policy) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned, ratio float64, promptTokens int, nowS float64) ([]candidate, float64) {
 	s.cand = slices.Grow(s.cand[:0], len(cands))[:len(cands)]
 	cand := s.cand
@@ -52,7 +56,15 @@ func (p *Policy) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned,
 		}
 		c.queued += s.peer[i].wait(func(tokens float64) float64 { return c.slow * ln.speed.prefill(tokens, 0) })
 		c.own = c.slow * ln.speed.prefill(c.miss, float64(c.cached))
-		backlog = min(backlog, c.queued)
+		if p.cfg.Metrics != nil {
+			if seen := p.cal.batchSeen(b, p.cfg.Metrics(b)); seen > 0 {
+				c.seenWait = slotWait(s.loads[i].Requests, seen, ln.life)
+			}
+		}
+		// A backend whose batch is full makes a request wait as surely as
+		// one with prefill queued: either way, every backend busy means a
+		// recomputed prefix delays the requests behind it (missPenalty).
+		backlog = min(backlog, c.queued+c.seenWait)
 	}
 	return cand, backlog
 }
@@ -107,11 +119,9 @@ type terms struct {
 	// streams in flight there (decode.go).
 	stream float64
 
-	// Not terms but what the calibration reads beside them: the wait for
-	// a slot if the backend ran no more requests at once than it has been
-	// seen to, and its GPU's utilisation (negative: not reported).
-	seenWait float64
-	gpu      float64
+	// Not a term but what the calibration reads beside them: the GPU's
+	// utilisation (negative: not reported).
+	gpu float64
 }
 
 // ttft is the predicted time to first token: the terms before miss.
@@ -133,7 +143,7 @@ func (t terms) LogValue() slog.Value {
 // keeps the features and the prediction interval in c.
 func (p *Policy) calibrate(c *candidate, b *fleet.Backend, t *terms, l fleet.Load) {
 	model := t.ttft()
-	c.x = features(model, c.miss, l, p.kvTokens(b), t.seenWait, t.gpu)
+	c.x = features(model, c.miss, l, p.kvTokens(b), c.seenWait, t.gpu)
 	pr, calibrated := p.cal.predict(b.Index, &c.x)
 	c.lo, c.hi = pr.Lo, pr.Hi
 	if calibrated {
@@ -160,9 +170,6 @@ func (p *Policy) terms(i int, b *fleet.Backend, c *candidate, l fleet.Load, ln *
 		m := p.cfg.Metrics(b)
 		if m != nil && m.Slots > 0 {
 			t.slotWait = slotWait(l.Requests, m.Slots, ln.life)
-		}
-		if seen := p.cal.batchSeen(b, m); seen > 0 {
-			t.seenWait = slotWait(l.Requests, seen, ln.life)
 		}
 		if m != nil {
 			t.gpu = m.GPUUtil
