@@ -6,18 +6,24 @@ import (
 )
 
 // scrape copies every server's metrics into replica r's view, as a scrape
-// of /metrics would.
+// of /metrics would, with its GPU's utilisation since the last scrape, as
+// a DCGM exporter reports it beside the engine.
 func (s *simulation) scrape(r int) {
 	rep := s.replicas[r]
 	at := s.clock()
 	for i := range s.servers {
 		s.servers[i].eng.Settle(s.now)
 		st := s.servers[i].eng.Stats()
+		gpu := -1.0 // not known before a second scrape
+		if span := s.now - rep.scraped[i]; rep.scrapedOnce && span > 0 {
+			gpu = min(1, float64(st.BusyTime-rep.busy[i])/float64(span))
+		}
 		rep.metrics[i] = fleet.Metrics{
 			Running: float64(st.Running), Waiting: float64(st.Waiting), KVUsage: st.KVUsage,
-			PrefixHits: float64(st.PrefixHits), PrefixQueries: float64(st.PrefixQueries), At: at,
+			PrefixHits: float64(st.PrefixHits), PrefixQueries: float64(st.PrefixQueries),
+			GPUUtil: gpu, SMActive: -1, At: at,
 		}
-		rep.scraped[i] = s.now
+		rep.scraped[i], rep.busy[i] = s.now, st.BusyTime
 	}
 	rep.scrapedOnce = true
 }

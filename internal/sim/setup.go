@@ -38,6 +38,7 @@ type replica struct {
 	backends    []*fleet.Backend
 	metrics     []fleet.Metrics
 	scraped     []time.Duration // virtual time of each server's last scrape
+	busy        []time.Duration // each server's busy time at its last scrape
 	scrapedOnce bool
 }
 
@@ -125,6 +126,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		rep := &replica{
 			metrics: make([]fleet.Metrics, cfg.Backends),
 			scraped: make([]time.Duration, cfg.Backends),
+			busy:    make([]time.Duration, cfg.Backends),
 		}
 		for i := range cfg.Backends {
 			b := fleet.NewBackend(i, fmt.Sprintf("gpu%d", i), nil)

@@ -19,7 +19,7 @@ import (
 // what its requests' first tokens took, per backend, shrunk toward the
 // fleet's fit (package calibrate):
 //
-//	TTFT(b) = θ_b · (1, model(b), uncached/1k, running/10, slot wait(b), kv use, uncached/1k × running/10, GPU busy)
+//	TTFT(b) = θ_b · (1, model(b), uncached/1k, running/10, slot wait(b), kv use, uncached/1k × running/10)
 //
 // model(b) is the engine model's prediction (the terms' TTFT), so that
 // θ = (0, 1, 0, …), the prior, trusts it; running is the router's count of
@@ -29,12 +29,15 @@ import (
 // which no vLLM metric states), a mean request lifetime per batch's worth
 // ahead (slotWait), which the prior does not trust and the fit weighs as
 // the engine's first tokens show; kv use the context they hold over the
-// backend's KV capacity; GPU busy the GPU's own utilisation where a DCGM
-// exporter reports it.
+// backend's KV capacity. The GPU's utilisation, where a DCGM exporter
+// reports it (fleet.Metrics.GPUUtil), is not a feature: a busy share over
+// the last scrape says less than the router's own counts of now, and as a
+// feature it made the fit's error worse on every engine profile tried
+// (docs/BENCHMARKS.md, Predictions on engines of other shapes).
 //
 // The cost prices the calibrated TTFT in place of the model's while it is
 // the more accurate of the two over the fleet's recent first tokens
-// (selector): on the engine the model describes, a fit of eight features to
+// (selector): on the engine the model describes, a fit of seven features to
 // a few hundred noisy requests only adds its own error, and the model
 // stays; on an engine it does not describe, the fit's error falls far
 // below the model's, and the fit prices. Either way the prediction the
@@ -49,16 +52,14 @@ const (
 	featSlotWait
 	featKV
 	featBatchPrefill
-	featGPU
 	calDims
 )
 
 // features returns the calibration's features for a candidate whose
 // engine-model TTFT is model seconds, with uncached prompt tokens to
 // compute, load l, KV capacity kv tokens, the wait for a batch slot if the
-// engine runs no more than it has been seen to (seconds) and GPU
-// utilisation gpu (negative: not reported).
-func features(model, uncached float64, l fleet.Load, kv, wait, gpu float64) [calDims]float64 {
+// engine runs no more than it has been seen to (seconds).
+func features(model, uncached float64, l fleet.Load, kv, wait float64) [calDims]float64 {
 	running := float64(l.Requests)
 	var x [calDims]float64
 	x[featConst] = 1
@@ -68,7 +69,6 @@ func features(model, uncached float64, l fleet.Load, kv, wait, gpu float64) [cal
 	x[featSlotWait] = wait
 	x[featKV] = float64(l.DecodeTokens) / kv
 	x[featBatchPrefill] = x[featUncached] * x[featRunning]
-	x[featGPU] = max(gpu, 0)
 	return x
 }
 

@@ -118,10 +118,6 @@ type terms struct {
 	// stream is the price of its stream there and of its delay to the
 	// streams in flight there (decode.go).
 	stream float64
-
-	// Not a term but what the calibration reads beside them: the GPU's
-	// utilisation (negative: not reported).
-	gpu float64
 }
 
 // ttft is the predicted time to first token: the terms before miss.
@@ -143,7 +139,7 @@ func (t terms) LogValue() slog.Value {
 // keeps the features and the prediction interval in c.
 func (p *Policy) calibrate(c *candidate, b *fleet.Backend, t *terms, l fleet.Load) {
 	model := t.ttft()
-	c.x = features(model, c.miss, l, p.kvTokens(b), c.seenWait, t.gpu)
+	c.x = features(model, c.miss, l, p.kvTokens(b), c.seenWait)
 	pr, calibrated := p.cal.predict(b.Index, &c.x)
 	c.lo, c.hi = pr.Lo, pr.Hi
 	if calibrated {
@@ -165,14 +161,9 @@ func (p *Policy) kvTokens(b *fleet.Backend) float64 {
 func (p *Policy) terms(i int, b *fleet.Backend, c *candidate, l fleet.Load, ln *learned, penalty float64, st *streamCost) terms {
 	t := terms{queued: c.queued, compute: c.slow * ln.speed.predict(c.miss, float64(c.cached), float64(l.Decoding))}
 	t.kvWait = kvWait(float64(l.DecodeTokens), st.need, p.kvTokens(b), ln.hold)
-	t.gpu = -1
 	if p.cfg.Metrics != nil {
-		m := p.cfg.Metrics(b)
-		if m != nil && m.Slots > 0 {
+		if m := p.cfg.Metrics(b); m != nil && m.Slots > 0 {
 			t.slotWait = slotWait(l.Requests, m.Slots, ln.life)
-		}
-		if m != nil {
-			t.gpu = m.GPUUtil
 		}
 	}
 	t.stream = st.cost(i, c, l)
