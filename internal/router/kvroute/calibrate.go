@@ -139,26 +139,45 @@ func (c *calibration) grow(n int, gone []int) {
 
 // batchSeen returns the most requests backend b's engine has been seen
 // running at once in its scraped metrics (m, nil when none are fresh), or
-// its slots where it reports them (llama.cpp); 0 before any scrape. An
-// engine that has filled its batch has shown its max_num_seqs; before
-// that, requests past the most it has run are still the ones that may
-// wait, and the calibration learns from their first tokens whether they
-// do.
-func (c *calibration) batchSeen(b *fleet.Backend, m *fleet.Metrics) int {
+// its slots where it reports them (llama.cpp); 0 before any scrape; and
+// whether that is its batch: it has been seen running that many with
+// requests waiting and KV to spare. An engine that has filled its batch
+// has shown its max_num_seqs; before that, requests past the most it has
+// run are still the ones that may wait, and the calibration learns from
+// their first tokens whether they do.
+func (c *calibration) batchSeen(b *fleet.Backend, m *fleet.Metrics) (seen int, full bool) {
 	slots := *c.slots.Load()
 	if b.Index >= len(slots) {
-		return 0
+		return 0, false
 	}
+	v := slots[b.Index].Load()
 	if m != nil {
 		if m.Slots > 0 {
-			return m.Slots
+			return m.Slots, true
 		}
-		if r := int32(m.Running); r > slots[b.Index].Load() {
-			slots[b.Index].Store(r)
+		r := int32(m.Running)
+		switch {
+		case r > v&seenMask:
+			v = r
+			slots[b.Index].Store(v)
+		case r == v&seenMask && v&seenFull == 0 && m.Waiting > 0 && m.KVUsage >= 0 && m.KVUsage < slotsKVFull:
+			v |= seenFull
+			slots[b.Index].Store(v)
 		}
 	}
-	return int(slots[b.Index].Load())
+	return int(v & seenMask), v&seenFull != 0
 }
+
+// A backend's slots entry holds the most requests seen running, and
+// seenFull once they were seen with requests waiting beside KV to spare.
+const (
+	seenFull = 1 << 30
+	seenMask = seenFull - 1
+)
+
+// slotsKVFull is the KV use above which requests waiting are taken to wait
+// for memory, not for a batch slot: kvWait prices those.
+const slotsKVFull = 0.9
 
 // observe teaches the model a streamed request's TTFT, and the alarm what
 // its backend reported cached of what the index predicted (cached -1: the

@@ -20,12 +20,15 @@ type candidate struct {
 	// seenWait is the wait for a batch slot there if the engine ran no
 	// more requests at once than the most it has been seen running.
 	seenWait float64
-	ttft     float64          // predicted TTFT there, seconds (calibrated)
-	lo, hi   float64          // its prediction interval
-	x        [calDims]float64 // the calibration's features (calibrate.go)
-	cost     float64          // what the choice minimises
-	stream   float64          // of which the stream's price (decode.go)
-	terms    terms            // the cost term by term, for the decision's scores
+	// batchFull: the engine has been seen to hold requests back at that
+	// many running (its batch), so seenWait is a wait it will have.
+	batchFull bool
+	ttft      float64          // predicted TTFT there, seconds (calibrated)
+	lo, hi    float64          // its prediction interval
+	x         [calDims]float64 // the calibration's features (calibrate.go)
+	cost      float64          // what the choice minimises
+	stream    float64          // of which the stream's price (decode.go)
+	terms     terms            // the cost term by term, for the decision's scores
 }
 
 // candidates works out, for every candidate, the prompt tokens expected
@@ -57,8 +60,9 @@ func (p *Policy) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned,
 		c.queued += s.peer[i].wait(func(tokens float64) float64 { return c.slow * ln.speed.prefill(tokens, 0) })
 		c.own = c.slow * ln.speed.prefill(c.miss, float64(c.cached))
 		if p.cfg.Metrics != nil {
-			if seen := p.cal.batchSeen(b, p.cfg.Metrics(b)); seen > 0 {
+			if seen, full := p.cal.batchSeen(b, p.cfg.Metrics(b)); seen > 0 {
 				c.seenWait = slotWait(s.loads[i].Requests, seen, ln.life)
+				c.batchFull = full
 			}
 		}
 		// A backend whose batch is full makes a request wait as surely as
@@ -164,6 +168,8 @@ func (p *Policy) terms(i int, b *fleet.Backend, c *candidate, l fleet.Load, ln *
 	if p.cfg.Metrics != nil {
 		if m := p.cfg.Metrics(b); m != nil && m.Slots > 0 {
 			t.slotWait = slotWait(l.Requests, m.Slots, ln.life)
+		} else if c.batchFull {
+			t.slotWait = c.seenWait // a vLLM engine at its max_num_seqs queues the rest whole, as slots do
 		}
 	}
 	t.stream = st.cost(i, c, l)
