@@ -86,14 +86,14 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 	cfg.discovery.configPath = configPath
 	for _, e := range endpoints {
 		if _, _, err := net.SplitHostPort(e); err != nil {
-			return cfg, fmt.Errorf("--endpoint %q: want ip:port: %v", e, err)
+			return cfg, bySetting("endpoint", fmt.Errorf("endpoint %q: want ip:port: %v", e, err))
 		}
 		specs = append(specs, e+"=http://"+e)
 	}
 	for _, spec := range specs {
 		b, err := fleet.ParseBackend(len(sc.Backends), spec)
 		if err != nil {
-			return cfg, err
+			return cfg, backendError(err)
 		}
 		for _, other := range sc.Backends {
 			if other.Name == b.Name || epp.Address(other) == epp.Address(b) {
@@ -155,7 +155,7 @@ func runPicker(ctx context.Context, cfg eppConfig, log *slog.Logger, ready chan<
 	}
 	s, err := epp.Start(ctx, cfg.server)
 	if err != nil {
-		return err
+		return byListener(err, map[string]string{"gRPC": "grpc-listen", "metrics": "metrics-listen"}) // startuperrors.go
 	}
 	for _, b := range s.Fleet.Backends() {
 		info := b.Info()

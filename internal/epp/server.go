@@ -2,7 +2,6 @@ package epp
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -105,14 +104,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, err
+		return nil, &server.ListenError{Listener: "gRPC", Err: err}
 	}
 	s := &Server{Fleet: fl, Router: rt, Picker: pk, Addr: ln.Addr().String(), run: server.NewGroup(grpc.ErrServerStopped)}
 	var mln net.Listener
 	if cfg.MetricsListen != "" {
 		if mln, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
 			ln.Close()
-			return nil, fmt.Errorf("metrics listener: %w", err)
+			return nil, &server.ListenError{Listener: "metrics", Err: err}
 		}
 		s.MetricsURL = "http://" + mln.Addr().String()
 	}
