@@ -225,7 +225,8 @@ func emulate(ctx context.Context, cfg emulateConfig, log *slog.Logger, ready fun
 		}
 		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.host, strconv.Itoa(port)))
 		if err != nil {
-			return err
+			// emulate has no config file: the flags alone.
+			return fmt.Errorf("replica %d listener: %w (--host, --port: replica i listens on port+i)", i, err)
 		}
 		sc := cfg.server
 		sc.Logger = log.With("replica", i)

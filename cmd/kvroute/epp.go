@@ -41,6 +41,7 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 		endpoints  stringList
 		specs      stringList
 		configPath string
+		headerList bool
 	)
 	sc, po := &cfg.server, &cfg.server.Picker
 	fs.Var(&endpoints, "endpoint", "an endpoint as ip:port, served over http (repeatable)")
@@ -52,7 +53,8 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 	core := coreFlags{&sc.Policy, &sc.Fleet, &sc.Router, &po.SessionHeader}
 	core.register(fs) // coreflags.go: --policy, --scrape-interval, --load-factor, ...
 	fs.IntVar(&po.Fallbacks, "fallbacks", 2, "endpoints after the chosen one in the envoy.lb destination list, next-best first, for Envoy's retries")
-	fs.BoolVar(&po.HeaderList, "header-list", false, "put the whole destination list in the x-gateway-destination-endpoint header too (for Envoy's override_host policy; an ORIGINAL_DST cluster needs one address)")
+	fs.BoolVar(&po.OriginalDstHeader, "original-dst-header", false, "put only the chosen endpoint in the x-gateway-destination-endpoint header, for an Envoy ORIGINAL_DST cluster, which reads one address; the envoy.lb metadata keeps the list, which the protocol forbids when --fallbacks > 0")
+	fs.BoolVar(&headerList, "header-list", true, "deprecated: the header carries the whole destination list, as the metadata does (false: --original-dst-header)")
 	fs.IntVar(&po.MaxPerEndpoint, "max-per-endpoint", epp.DefaultMaxPerEndpoint, "most generation requests in flight on one endpoint; past it requests queue, then get 429 (negative: no cap)")
 	fs.IntVar(&po.Admission.MaxQueue, "max-queue", 1024, "most requests waiting for room (negative: none, refuse at once)")
 	fs.DurationVar(&po.Admission.QueueTimeout, "queue-timeout", 30*time.Second, "longest wait for room before 429")
@@ -78,17 +80,20 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 		return cfg, err
 	}
 	sc.Backends = backendsFile
+	// --header-list once chose the list in the header, now the default;
+	// its false is the single address, kept for old command lines.
+	po.OriginalDstHeader = po.OriginalDstHeader || !headerList
 	cfg.discovery.configPath = configPath
 	for _, e := range endpoints {
 		if _, _, err := net.SplitHostPort(e); err != nil {
-			return cfg, fmt.Errorf("--endpoint %q: want ip:port: %v", e, err)
+			return cfg, bySetting("endpoint", fmt.Errorf("endpoint %q: want ip:port: %v", e, err))
 		}
 		specs = append(specs, e+"=http://"+e)
 	}
 	for _, spec := range specs {
 		b, err := fleet.ParseBackend(len(sc.Backends), spec)
 		if err != nil {
-			return cfg, err
+			return cfg, backendError(err)
 		}
 		for _, other := range sc.Backends {
 			if other.Name == b.Name || epp.Address(other) == epp.Address(b) {
@@ -150,7 +155,7 @@ func runPicker(ctx context.Context, cfg eppConfig, log *slog.Logger, ready chan<
 	}
 	s, err := epp.Start(ctx, cfg.server)
 	if err != nil {
-		return err
+		return byListener(err, map[string]string{"gRPC": "grpc-listen", "metrics": "metrics-listen"}) // startuperrors.go
 	}
 	for _, b := range s.Fleet.Backends() {
 		info := b.Info()

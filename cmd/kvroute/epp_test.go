@@ -5,15 +5,20 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/kvroute/kvroute/internal/epp"
 )
 
 func TestParseEppFlags(t *testing.T) {
@@ -67,6 +72,24 @@ func TestParseEppFlags(t *testing.T) {
 		{name: "not ip:port", args: []string{"--endpoint", "10.0.0.1"}, wantErr: "want ip:port"},
 		{name: "twice", args: []string{"--endpoint", "10.0.0.1:80", "--backend", "http://10.0.0.1"}, wantErr: "given twice"},
 		{name: "unknown policy", args: []string{"--endpoint", "10.0.0.1:80", "--policy", "nope"}, wantErr: "unknown policy"},
+		{name: "header and metadata equal by default", args: []string{"--endpoint", "10.0.0.1:80"},
+			check: func(t *testing.T, c eppConfig) {
+				if c.server.Picker.OriginalDstHeader {
+					t.Error("OriginalDstHeader set by default")
+				}
+			}},
+		{name: "original-dst header", args: []string{"--endpoint", "10.0.0.1:80", "--original-dst-header"},
+			check: func(t *testing.T, c eppConfig) {
+				if !c.server.Picker.OriginalDstHeader {
+					t.Error("--original-dst-header did not set OriginalDstHeader")
+				}
+			}},
+		{name: "header-list false is original-dst", args: []string{"--endpoint", "10.0.0.1:80", "--header-list=false"},
+			check: func(t *testing.T, c eppConfig) {
+				if !c.server.Picker.OriginalDstHeader {
+					t.Error("--header-list=false did not set OriginalDstHeader")
+				}
+			}},
 		{name: "negative fallbacks", args: []string{"--endpoint", "10.0.0.1:80", "--fallbacks", "-1"}, wantErr: "--fallbacks"},
 	}
 	for _, tt := range tests {
@@ -94,9 +117,9 @@ func TestRunEppHelp(t *testing.T) {
 }
 
 // TestRunPickerFollowsConfigFile runs `kvroute epp --config FILE` in this
-// process: while the file lists only an endpoint that does not answer the
-// picker is not ready; once it lists an emulator, its gRPC readiness turns
-// SERVING without a restart.
+// process: while the file lists only an endpoint that does not answer, the
+// picker is ready (synced) and answers 503; once the file lists an
+// emulator, requests go there, without a restart.
 func TestRunPickerFollowsConfigFile(t *testing.T) {
 	urls := startEmulators(t, 1) // serve_test.go
 	file := filepath.Join(t.TempDir(), "fleet.yaml")
@@ -128,16 +151,41 @@ func TestRunPickerFollowsConfigFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
-	status := func() healthpb.HealthCheckResponse_ServingStatus {
-		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
+	if r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"}); err != nil ||
+		r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("readiness %v, %v with no endpoint answering, want SERVING (synced; it answers 503)", r.GetStatus(), err)
+	}
+	ext := extprocv3.NewExternalProcessorClient(conn)
+	// pick asks the picker where GET /v1/models goes: the destination, or
+	// the status of its immediate response.
+	pick := func() (dest string, status int) {
+		st, err := ext.Process(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return r.GetStatus()
+		defer st.CloseSend()
+		hs := []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("GET")}, {Key: ":path", RawValue: []byte("/v1/models")}}
+		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+			RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: hs}, EndOfStream: true}}}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ir := m.GetImmediateResponse(); ir != nil {
+			return "", int(ir.GetStatus().GetCode())
+		}
+		for _, h := range m.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+			if h.GetHeader().GetKey() == epp.HeaderDestination {
+				return string(h.GetHeader().GetRawValue()), 0
+			}
+		}
+		t.Fatalf("reply %v names no destination", m)
+		return "", 0
 	}
-	if s := status(); s != healthpb.HealthCheckResponse_NOT_SERVING {
-		t.Fatalf("readiness %v with no endpoint answering, want NOT_SERVING", s)
+	if dest, status := pick(); status != http.StatusServiceUnavailable {
+		t.Fatalf("with no endpoint answering: destination %q, status %d; want 503", dest, status)
 	}
 	tmp := file + ".new"
 	if err := os.WriteFile(tmp, []byte("backends:\n  - {name: gpu0, url: "+urls[0]+"}\n"), 0o600); err != nil {
@@ -146,9 +194,13 @@ func TestRunPickerFollowsConfigFile(t *testing.T) {
 	if err := os.Rename(tmp, file); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); status() != healthpb.HealthCheckResponse_SERVING; time.Sleep(50 * time.Millisecond) {
+	want := strings.TrimPrefix(urls[0], "http://")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if dest, _ := pick(); dest == want {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("the picker never became ready after the file listed an endpoint")
+			t.Fatalf("requests never went to %s after the file listed it", want)
 		}
 	}
 }

@@ -69,7 +69,7 @@ func (s *securityConfig) resolve(backends []*fleet.Backend) error {
 	if s.apiKeysFile != "" {
 		keys, err := auth.LoadAPIKeys(s.apiKeysFile)
 		if err != nil {
-			return err
+			return bySetting("api-keys-file", err)
 		}
 		s.keys = append(s.keys, keys...)
 	}
@@ -79,7 +79,7 @@ func (s *securityConfig) resolve(backends []*fleet.Backend) error {
 	if s.backendAPIKeyEnv != "" {
 		key, err := fleet.SecretFromEnv(s.backendAPIKeyEnv)
 		if err != nil {
-			return fmt.Errorf("--backend-api-key-env: %w", err)
+			return bySetting("backend-api-key-env", fmt.Errorf("backend API key: %w", err))
 		}
 		s.backendAPIKey = key
 		for _, b := range backends {
@@ -92,9 +92,9 @@ func (s *securityConfig) resolve(backends []*fleet.Backend) error {
 		return errors.New("--tls-cert and --tls-key go together")
 	}
 	if s.tlsCert != "" {
-		cert, err := tls.LoadX509KeyPair(s.tlsCert, s.tlsKey)
+		cert, err := loadKeyPair("tls-cert", s.tlsCert, "tls-key", s.tlsKey)
 		if err != nil {
-			return fmt.Errorf("--tls-cert: %w", err)
+			return err
 		}
 		s.serverTLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
@@ -106,23 +106,43 @@ func (s *securityConfig) resolve(backends []*fleet.Backend) error {
 		if s.backendCA != "" {
 			pem, err := os.ReadFile(s.backendCA)
 			if err != nil {
-				return fmt.Errorf("--backend-ca: %w", err)
+				return bySetting("backend-ca", fmt.Errorf("backend CA certificates: %w", err))
 			}
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
-				return fmt.Errorf("--backend-ca: no PEM certificate in %s", s.backendCA)
+				return bySetting("backend-ca", fmt.Errorf("backend CA certificates: no PEM certificate in %s", s.backendCA))
 			}
 			s.clientTLS.RootCAs = pool
 		}
 		if s.backendCert != "" {
-			cert, err := tls.LoadX509KeyPair(s.backendCert, s.backendKey)
+			cert, err := loadKeyPair("backend-client-cert", s.backendCert, "backend-client-key", s.backendKey)
 			if err != nil {
-				return fmt.Errorf("--backend-client-cert: %w", err)
+				return err
 			}
 			s.clientTLS.Certificates = []tls.Certificate{cert}
 		}
 	}
 	return nil
+}
+
+// loadKeyPair loads a certificate and its private key, each file read on
+// its own so that an error names the flag of the file that failed
+// (tls.LoadX509KeyPair's error does not say which of the two it was).
+func loadKeyPair(certFlag, certPath, keyFlag, keyPath string) (tls.Certificate, error) {
+	certPEM, err := os.ReadFile(certPath)
+	if err != nil {
+		return tls.Certificate{}, bySetting(certFlag, fmt.Errorf("certificate: %w", err))
+	}
+	keyPEM, err := os.ReadFile(keyPath)
+	if err != nil {
+		return tls.Certificate{}, bySetting(keyFlag, fmt.Errorf("private key: %w", err))
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("certificate %s with key %s: %w (--%s and --%s, config keys %s and %s)",
+			certPath, keyPath, err, certFlag, keyFlag, configKey(certFlag), configKey(keyFlag))
+	}
+	return cert, nil
 }
 
 // fleetOptions gives the fleet's probes the backends' TLS settings.

@@ -109,7 +109,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	for _, spec := range specs {
 		b, err := fleet.ParseBackend(len(cfg.backends), spec)
 		if err != nil {
-			return cfg, err
+			return cfg, backendError(err)
 		}
 		if other := sameServer(cfg.backends, b.URL); other != nil { // dedupe.go
 			cfg.duplicates = append(cfg.duplicates, duplicateBackend{b.Name, b.URL.String(), other.Name})
@@ -234,7 +234,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	}
 	s, err := server.Start(ctx, sc)
 	if err != nil {
-		return err
+		return byListener(err, map[string]string{"API": "listen", "metrics": "metrics-listen"}) // startuperrors.go
 	}
 	for _, b := range s.Fleet.Backends() {
 		info := b.Info()

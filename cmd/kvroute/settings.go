@@ -68,14 +68,14 @@ func applySettings(fs *flag.FlagSet, path string, lookupEnv func(string) (string
 			part, _ := yaml.Marshal(map[string]any{"backends": v}) // just decoded: cannot fail
 			fc, err := fleet.ParseConfig(part)
 			if err != nil {
-				return nil, fmt.Errorf("%s: %w", path, err)
+				return nil, backendError(fmt.Errorf("%s: %w", path, err)) // startuperrors.go
 			}
 			backends = fc.Backends
 			continue
 		}
 		name := strings.ReplaceAll(k, "_", "-")
 		if fs.Lookup(name) == nil || name == "config" || name == "backend" {
-			return nil, fmt.Errorf("%s: unknown key %q (the keys are the flags of --help, with underscores, and backends)", path, k)
+			return nil, unknownKey(fs, path, k)
 		}
 		if set[name] {
 			continue
@@ -96,6 +96,22 @@ func applySettings(fs *flag.FlagSet, path string, lookupEnv func(string) (string
 		}
 	}
 	return backends, nil
+}
+
+// unknownKey is the error of key k of the file at path, which names no
+// flag: it offers the nearest key when k looks like a typo of one.
+func unknownKey(fs *flag.FlagSet, path, k string) error {
+	keys := []string{"backends"}
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != "config" && f.Name != "backend" {
+			keys = append(keys, configKey(f.Name))
+		}
+	})
+	hint := "the keys are the flags of --help, with underscores, and backends"
+	if near := closestKey(k, keys); near != "" {
+		hint = fmt.Sprintf("did you mean %s? %s", near, hint)
+	}
+	return fmt.Errorf("%s: unknown key %q (%s)", path, k, hint)
 }
 
 // setFlag sets flag name to each of vals in turn (a repeatable flag takes

@@ -89,13 +89,13 @@ type Options struct {
 	// Fallbacks is how many endpoints follow the chosen one in the
 	// destination list, next-best first, for Envoy to retry on (0: none).
 	Fallbacks int
-	// HeaderList puts the whole destination list in the header too. The
-	// protocol wants header and metadata equal; but an ORIGINAL_DST
-	// cluster reads the header as one address, so by default the header
-	// carries only the chosen endpoint and the metadata (read by the
-	// override_host load balancing policy) the list. With Fallbacks 0 the
-	// two are equal anyway.
-	HeaderList bool
+	// OriginalDstHeader puts only the chosen endpoint in the header while
+	// the metadata carries the whole list: Envoy's ORIGINAL_DST cluster
+	// reads the header as one address and knows no fallbacks. The
+	// protocol says header and metadata MUST NOT differ, so by default
+	// both carry the list; with this set they differ whenever Fallbacks
+	// is above 0 (docs/epp.md, "The header and the metadata").
+	OriginalDstHeader bool
 	// SessionHeader carries the session key (default X-Session-ID).
 	SessionHeader string
 	// IncludeUsage asks the backend for the usage chunk of streamed

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -13,6 +14,8 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -31,7 +34,7 @@ type exchange struct {
 	// The request.
 	method, path string
 	header       map[string]string // lower-case names; the last value of each
-	subset       map[string]bool   // the endpoints Envoy allows; nil: all
+	subset       map[string]bool   // the endpoints Envoy allows (ip:port, or ip for all its ports); nil: all
 	body         []byte
 	replied      bool // the request headers' reply has been sent
 
@@ -173,9 +176,21 @@ func (x *exchange) candidates(model string) []*fleet.Backend {
 		cands = x.p.fleet.Candidates(nil, model)
 	}
 	if x.subset != nil {
-		cands = slices.DeleteFunc(cands, func(b *fleet.Backend) bool { return !x.subset[Address(b)] })
+		cands = slices.DeleteFunc(cands, func(b *fleet.Backend) bool { return !x.allowed(b) })
 	}
 	return cands
+}
+
+// allowed reports whether the subset Envoy sent admits b: its ip:port, or
+// its IP alone, which admits every port of that IP (the data-parallel
+// ranks of one pod; GIE lwepp reads an entry without a port so).
+func (x *exchange) allowed(b *fleet.Backend) bool {
+	a := Address(b)
+	if x.subset[a] {
+		return true
+	}
+	host, _, err := net.SplitHostPort(a)
+	return err == nil && x.subset[host]
 }
 
 // decide routes the request once its body is complete (hasBody: it has
@@ -222,8 +237,11 @@ func (x *exchange) decide(hasBody, eos bool) (done bool, err error) {
 		if errors.Is(err, router.ErrNoBackend) {
 			return true, x.refuse(noEndpoint("no endpoint can take the request: %v", err), "1", "no_endpoint")
 		}
-		return true, x.refuse(&openai.Error{Status: http.StatusInternalServerError, Type: openai.TypeServer,
-			Message: fmt.Sprintf("routing policy %s failed: %v", x.p.router.Name(), err)}, "", "error")
+		// Not a local reply but a gRPC error: Envoy then applies the
+		// pool's failure mode (failure_mode_allow), so a FailOpen pool
+		// still serves the request; a FailClose one answers 500.
+		x.p.metrics.requests.WithLabelValues("error").Inc()
+		return true, status.Errorf(codes.Internal, "routing policy %s failed: %v", x.p.router.Name(), err)
 	}
 	x.t, x.release, x.start, x.stream = t, release, t0, g.Stream
 	body := x.body
@@ -268,9 +286,10 @@ func (x *exchange) decideByLoad(hasBody, eos bool) (bool, error) {
 // in chunks (the protocol's order: never a body reply before the header
 // reply).
 func (x *exchange) reply(list []string, body []byte, hasBody, eos bool) error {
-	header := list[0]
-	if x.p.opts.HeaderList {
-		header = strings.Join(list, ",")
+	// The protocol: the header and the metadata carry the same value.
+	header := strings.Join(list, ",")
+	if x.p.opts.OriginalDstHeader {
+		header = list[0]
 	}
 	x.replied = true
 	if err := x.srv.Send(destinationReply(header, list, len(body), hasBody)); err != nil {

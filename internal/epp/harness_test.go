@@ -96,6 +96,18 @@ type envoy struct {
 	// method is the requests' method (default POST); a request without a
 	// body ends with its headers.
 	method string
+	// subset, when not nil, is sent as the subset hint in the request's
+	// metadata_context: a []string is sent as a list, a string as one
+	// comma-separated value (proxies write either).
+	subset any
+	// originalDst accepts a header naming the chosen endpoint alone while
+	// the metadata has the list (Options.OriginalDstHeader); otherwise the
+	// two must be equal, as the protocol says.
+	originalDst bool
+	// serve chooses, from the destination list, the endpoint Envoy sends
+	// the request to and reports as served (default: the first, as when
+	// it answers).
+	serve func(list []string) string
 }
 
 // exchangeResult is what one request through the harness saw.
@@ -133,7 +145,8 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 	}
 	// Headers, then every body chunk, without waiting for any reply.
 	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
-		RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: hs}, EndOfStream: body == nil}}}); err != nil {
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: hs}, EndOfStream: body == nil}},
+		MetadataContext: e.subsetMetadata()}); err != nil {
 		return res, err
 	}
 	n := max(e.chunks, 1)
@@ -184,9 +197,14 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 	if lb == nil {
 		return res, errors.New("no envoy.lb dynamic metadata")
 	}
-	res.list = strings.Split(lb.GetFields()[HeaderDestination].GetStringValue(), ",")
-	if res.dest == "" || res.list[0] != strings.Split(res.dest, ",")[0] {
-		return res, fmt.Errorf("header %q and metadata %q disagree on the chosen endpoint", res.dest, res.list)
+	md := lb.GetFields()[HeaderDestination].GetStringValue()
+	res.list = strings.Split(md, ",")
+	switch {
+	case res.dest == "" || res.list[0] != strings.Split(res.dest, ",")[0]:
+		return res, fmt.Errorf("header %q and metadata %q disagree on the chosen endpoint", res.dest, md)
+	case !e.originalDst && res.dest != md:
+		// The protocol's MUST ("Destination Endpoint", Constraints).
+		return res, fmt.Errorf("header %q and metadata %q differ", res.dest, md)
 	}
 	for _, a := range res.list {
 		if !e.pool[a] {
@@ -217,8 +235,13 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 		return res, fmt.Errorf("content-length %d for a body of %d bytes", contentLength, len(fwd))
 	}
 
-	// Envoy connects to the chosen endpoint (ORIGINAL_DST).
-	req, _ := http.NewRequestWithContext(ctx, method, "http://"+res.list[0]+path, bytes.NewReader(fwd))
+	// Envoy connects to the chosen endpoint (ORIGINAL_DST), or to the
+	// one serve names (override_host walking the list on a retry).
+	target := res.list[0]
+	if e.serve != nil {
+		target = e.serve(res.list)
+	}
+	req, _ := http.NewRequestWithContext(ctx, method, "http://"+target+path, bytes.NewReader(fwd))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := e.http.Do(req)
 	if err != nil {
@@ -226,7 +249,7 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 	}
 	defer resp.Body.Close()
 	res.status = resp.StatusCode
-	served, _ := structpb.NewStruct(map[string]any{KeyServed: res.list[0]})
+	served, _ := structpb.NewStruct(map[string]any{KeyServed: target})
 	if err := st.Send(&extprocv3.ProcessingRequest{
 		Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
 			hv(":status", strconv.Itoa(resp.StatusCode)), hv("content-type", resp.Header.Get("Content-Type"))}}}},
@@ -289,6 +312,27 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 		return res, fmt.Errorf("after the response, the stream ended with %v, want EOF", err)
 	}
 	return res, nil
+}
+
+// subsetMetadata is the request's metadata_context carrying e.subset, or
+// nil.
+func (e *envoy) subsetMetadata() *corev3.Metadata {
+	if e.subset == nil {
+		return nil
+	}
+	v := e.subset
+	if l, ok := v.([]string); ok {
+		items := make([]any, len(l))
+		for i, a := range l {
+			items[i] = a
+		}
+		v = items
+	}
+	hint, err := structpb.NewStruct(map[string]any{KeySubset: v})
+	if err != nil {
+		panic(err) // a test's mistake
+	}
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{SubsetNamespace: hint}}
 }
 
 // chatBody is a streamed chat request with usage, as the workload's client

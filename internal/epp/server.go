@@ -2,7 +2,6 @@ package epp
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -105,14 +104,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, err
+		return nil, &server.ListenError{Listener: "gRPC", Err: err}
 	}
 	s := &Server{Fleet: fl, Router: rt, Picker: pk, Addr: ln.Addr().String(), run: server.NewGroup(grpc.ErrServerStopped)}
 	var mln net.Listener
 	if cfg.MetricsListen != "" {
 		if mln, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
 			ln.Close()
-			return nil, fmt.Errorf("metrics listener: %w", err)
+			return nil, &server.ListenError{Listener: "metrics", Err: err}
 		}
 		s.MetricsURL = "http://" + mln.Addr().String()
 	}
@@ -124,8 +123,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	core.Run(ctx, s.goRun)
-	s.setHealth(fl.Ready())
-	s.goRun(func() error { s.watchReady(ctx); return nil })
+	// NewCore has waited for the discovery's first lists and checked
+	// every endpoint once: the picker is synced.
+	s.setHealth(true)
 	s.goRun(func() error { return s.grpc.Serve(ln) })
 	if mln != nil {
 		mux := http.NewServeMux()
@@ -136,21 +136,17 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// watchReady keeps readiness in step with the fleet: the picker is ready
-// while some endpoint could take a request. Liveness stays SERVING.
-func (s *Server) watchReady(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.setHealth(s.Fleet.Ready())
-		}
-	}
-}
-
+// setHealth sets every health service but liveness to SERVING or
+// NOT_SERVING; liveness stays SERVING while the process runs, so that a
+// picker draining its streams is not restarted (llm-d-router's
+// cmd/epp/runner/health.go does the same).
+//
+// Readiness does not follow the endpoints' health: the protocol makes it
+// "the datastore has synced" (GIE docs/proposals/004-endpoint-picker-
+// protocol, "Health Checking"), and a picker with no endpoint ready must
+// stay reachable to answer the 503 the protocol asks for; taken out of
+// its Service it would leave the gateway a 500 (FailClose) or no picker
+// at all (FailOpen).
 func (s *Server) setHealth(ready bool) {
 	st := healthpb.HealthCheckResponse_NOT_SERVING
 	if ready {
@@ -170,13 +166,14 @@ func (s *Server) goRun(fn func() error) { s.run.Go(fn) }
 // Err receives the first error a listener or the fleet's loop failed with.
 func (s *Server) Err() <-chan error { return s.run.Err() }
 
-// Shutdown stops the picker: health answers NOT_SERVING, new streams are
-// refused, and the streams open (requests in flight, whose responses the
+// Shutdown stops the picker: health answers NOT_SERVING (liveness
+// excepted, so that the draining process is not restarted), new streams
+// are refused, and the streams open (requests in flight, whose responses the
 // picker is echoing) get until ctx ends to finish; then they are cut. It
 // waits for everything Start started.
 func (s *Server) Shutdown(ctx context.Context) {
 	s.once.Do(func() {
-		s.health.Shutdown()
+		s.setHealth(false)
 		done := make(chan struct{})
 		go func() { s.grpc.GracefulStop(); close(done) }()
 		select {

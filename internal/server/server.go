@@ -12,7 +12,6 @@ import (
 	"crypto/tls"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -157,7 +156,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		return nil, err
+		return nil, &ListenError{Listener: "API", Err: err}
 	}
 	s := &Server{Fleet: fl, Router: rt, Proxy: px, Events: core.Events(), cfg: cfg, log: log, run: NewGroup()}
 	scheme := "http"
@@ -174,7 +173,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.MetricsListen != "" {
 		if mln, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
 			ln.Close()
-			return nil, fmt.Errorf("metrics listener: %w", err)
+			return nil, &ListenError{Listener: "metrics", Err: err}
 		}
 		s.MetricsURL = "http://" + mln.Addr().String()
 	}
