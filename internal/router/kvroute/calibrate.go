@@ -88,10 +88,9 @@ type calibration struct {
 	// say how long after the start a cache signal changed.
 	now   func() time.Time
 	start time.Time
-	// slots is the most requests each backend has been seen running, by
-	// backend index (batchSeen); replaced, values copied, when the fleet
-	// grows.
-	slots atomic.Pointer[[]atomic.Int32]
+	// batches watches each backend's batch, by backend index (batchSeen);
+	// replaced, pointers copied, when the fleet grows.
+	batches atomic.Pointer[[]*batchWatch]
 }
 
 func (c *calibration) init(cfg Config, n int) {
@@ -111,73 +110,119 @@ func (c *calibration) init(cfg Config, n int) {
 	c.cache = calibrate.NewCacheSignal(calibrate.CacheSignalConfig{Now: cfg.Now})
 	c.now, c.start = cfg.Now, cfg.Now()
 	c.off = cfg.NoCalibration
-	s := make([]atomic.Int32, n)
-	c.slots.Store(&s)
+	c.batches.Store(newBatchWatches(nil, n))
 }
 
 // grow makes room for n backends and starts those in gone afresh.
 func (c *calibration) grow(n int, gone []int) {
 	c.ttft.Grow(n)
 	c.prior.Grow(n)
-	if old := *c.slots.Load(); len(old) < n {
-		s := make([]atomic.Int32, n)
-		for i := range old {
-			s[i].Store(old[i].Load())
-		}
-		c.slots.Store(&s)
+	if old := *c.batches.Load(); len(old) < n {
+		c.batches.Store(newBatchWatches(old, n))
 	}
-	slots := *c.slots.Load()
+	batches := *c.batches.Load()
 	for _, i := range gone {
 		c.ttft.Reset(i)
 		c.prior.Reset(i)
 		if tr := c.cache.Reset(i); tr.Changed() {
 			c.logCacheTransition(tr)
 		}
-		slots[i].Store(0)
+		*batches[i] = batchWatch{}
 	}
 }
 
 // batchSeen returns the most requests backend b's engine has been seen
 // running at once in its scraped metrics (m, nil when none are fresh), or
 // its slots where it reports them (llama.cpp); 0 before any scrape; and
-// whether that is its batch: it has been seen running that many with
-// requests waiting and KV to spare. An engine that has filled its batch
-// has shown its max_num_seqs; before that, requests past the most it has
-// run are still the ones that may wait, and the calibration learns from
+// whether that is its batch (batchWatch). An engine that has filled its
+// batch has shown its max_num_seqs; before that, requests past the most it
+// has run are still the ones that may wait, and the calibration learns from
 // their first tokens whether they do.
 func (c *calibration) batchSeen(b *fleet.Backend, m *fleet.Metrics) (seen int, full bool) {
-	slots := *c.slots.Load()
-	if b.Index >= len(slots) {
+	batches := *c.batches.Load()
+	if b.Index >= len(batches) {
 		return 0, false
 	}
-	v := slots[b.Index].Load()
-	if m != nil {
-		if m.Slots > 0 {
-			return m.Slots, true
-		}
-		r := int32(m.Running)
-		switch {
-		case r > v&seenMask:
-			v = r
-			slots[b.Index].Store(v)
-		case r == v&seenMask && v&seenFull == 0 && m.Waiting > 0 && m.KVUsage >= 0 && m.KVUsage < slotsKVFull:
-			v |= seenFull
-			slots[b.Index].Store(v)
-		}
+	if m != nil && m.Slots > 0 {
+		return m.Slots, true
 	}
+	w := batches[b.Index]
+	if m != nil && w.at.Load() != m.At.UnixNano() {
+		w.count(m)
+	}
+	v := w.state.Load()
 	return int(v & seenMask), v&seenFull != 0
 }
 
-// A backend's slots entry holds the most requests seen running, and
-// seenFull once they were seen with requests waiting beside KV to spare.
+// batchWatch learns whether a vLLM-like engine caps its batch, which no
+// vLLM metric states: one that does runs exactly its max_num_seqs whenever
+// requests wait with KV to spare; one that does not has requests wait only
+// for prefill budget (a long prompt's chunks) or memory, at whatever number
+// running. So the batch is taken as full once most scrapes that show
+// requests waiting, KV to spare, show the most ever seen running.
+type batchWatch struct {
+	state atomic.Int32 // the most seen running, with seenFull once it is the batch
+	at    atomic.Int64 // the last scrape counted, Unix nanoseconds
+	mu    sync.Mutex
+	// waited and atMost are decayed counts of the scrapes with requests
+	// waiting beside KV to spare, and of those at the most seen running.
+	waited, atMost float64
+}
+
+// A batchWatch's state holds the most requests seen running, and seenFull
+// once that is the engine's batch.
 const (
 	seenFull = 1 << 30
 	seenMask = seenFull - 1
 )
 
-// slotsKVFull is the KV use above which requests waiting are taken to wait
-// for memory, not for a batch slot: kvWait prices those.
-const slotsKVFull = 0.9
+// Requests waiting beside KV use above slotsKVFull wait for memory, which
+// kvWait prices. A batch is full after batchScrapes scrapes with requests
+// waiting, batchShare of them at the most seen running; counts decay by
+// batchDecay a scrape, so that a restarted engine is learned again.
+const (
+	slotsKVFull  = 0.9
+	batchScrapes = 3
+	batchShare   = 0.8
+	batchDecay   = 1 - 1.0/32
+)
+
+// count counts the scrape m, once.
+func (w *batchWatch) count(m *fleet.Metrics) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	at := m.At.UnixNano()
+	if w.at.Load() == at {
+		return
+	}
+	w.at.Store(at)
+	seen := w.state.Load() & seenMask
+	if r := int32(m.Running); r > seen {
+		seen, w.waited, w.atMost = r, 0, 0 // a new most: what was counted was below it
+	}
+	if m.Waiting > 0 && m.KVUsage >= 0 && m.KVUsage < slotsKVFull {
+		w.waited = w.waited*batchDecay + 1
+		w.atMost *= batchDecay
+		if int32(m.Running) == seen {
+			w.atMost++
+		}
+	}
+	v := seen
+	if w.waited >= batchScrapes && w.atMost >= batchShare*w.waited {
+		v |= seenFull
+	}
+	w.state.Store(v)
+}
+
+// newBatchWatches returns watches for n backends, old's first.
+func newBatchWatches(old []*batchWatch, n int) *[]*batchWatch {
+	ws := make([]*batchWatch, n)
+	copy(ws, old)
+	for i := len(old); i < n; i++ {
+		ws[i] = &batchWatch{}
+	}
+	return &ws
+}
 
 // observe teaches the model a streamed request's TTFT, and the alarm what
 // its backend reported cached of what the index predicted (cached -1: the
