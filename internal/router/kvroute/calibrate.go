@@ -177,12 +177,13 @@ const (
 )
 
 // Requests waiting beside KV use above slotsKVFull wait for memory, which
-// kvWait prices. A batch is full after batchScrapes scrapes with requests
-// waiting, batchShare of them at the most seen running; counts decay by
-// batchDecay a scrape, so that a restarted engine is learned again.
+// kvWait prices. A batch is full after three scrapes with requests waiting
+// (batchScrapes, as their decayed count has it), batchShare of them at the
+// most seen running; counts decay by batchDecay a scrape, so that a
+// restarted engine is learned again.
 const (
 	slotsKVFull  = 0.9
-	batchScrapes = 3
+	batchScrapes = 2.9
 	batchShare   = 0.8
 	batchDecay   = 1 - 1.0/32
 )

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/router/routertest"
 )
@@ -189,4 +190,41 @@ func median(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// A batch is taken as full when the engine runs the same most whenever
+// requests wait with KV to spare (max_num_seqs), not when requests wait
+// for prefill budget at whatever number running, nor for memory.
+func TestBatchWatch(t *testing.T) {
+	type scrape struct {
+		running, waiting int
+		kv               float64
+	}
+	for _, tt := range []struct {
+		name     string
+		scrapes  []scrape
+		wantSeen int
+		wantFull bool
+	}{
+		{"capped at 8", []scrape{{3, 0, 0.2}, {8, 2, 0.4}, {8, 1, 0.4}, {6, 0, 0.3}, {8, 3, 0.5}}, 8, true},
+		{"waiting for budget", []scrape{{9, 1, 0.2}, {12, 0, 0.3}, {7, 1, 0.3}, {10, 2, 0.4}, {5, 1, 0.2}, {12, 1, 0.3}}, 12, false},
+		{"waiting for memory", []scrape{{8, 2, 0.95}, {8, 3, 0.97}, {8, 1, 0.99}}, 8, false},
+		{"too few scrapes", []scrape{{8, 2, 0.4}, {8, 1, 0.4}}, 8, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var c calibration
+			c.batches.Store(newBatchWatches(nil, 1))
+			b := routertest.Backends(1)[0]
+			var seen int
+			var full bool
+			for i, sc := range tt.scrapes {
+				m := &fleet.Metrics{Running: float64(sc.running), Waiting: float64(sc.waiting), KVUsage: sc.kv, At: time.Unix(int64(i), 0)}
+				c.batchSeen(b, m) // a scrape read by several picks counts once
+				seen, full = c.batchSeen(b, m)
+			}
+			if seen != tt.wantSeen || full != tt.wantFull {
+				t.Errorf("seen %d, full %v; want %d, %v", seen, full, tt.wantSeen, tt.wantFull)
+			}
+		})
+	}
 }
