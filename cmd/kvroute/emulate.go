@@ -209,7 +209,9 @@ type replica struct {
 
 // emulate serves cfg.replicas emulated servers until ctx is done, then shuts
 // them down gracefully. ready, if not nil, gets the replicas' base URLs once
-// they accept connections.
+// they accept connections. Starting, serving and stopping the replicas are
+// one function, so that what a start that fails halfway must undo is beside
+// what it started.
 func emulate(ctx context.Context, cfg emulateConfig, log *slog.Logger, ready func(urls []string)) error {
 	replicas := make([]*replica, 0, cfg.replicas)
 	defer func() {

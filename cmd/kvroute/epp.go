@@ -33,6 +33,7 @@ const eppGrace = 45 * time.Second
 // parseEppFlags parses the epp subcommand's flags. Endpoints come from
 // --endpoint ip:port, --backend URL, a --config file, or the discovery
 // flags serve has (--pool-name, --k8s-service, --dns), or any of them.
+// One flag a line, as --help lists them: its length is the flags'.
 func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 	fs := flag.NewFlagSet("kvroute epp", flag.ContinueOnError)
 	fs.SetOutput(output)

@@ -37,6 +37,7 @@ type simFlags struct {
 }
 
 // parseSimFlags parses the sim subcommand's flags and loads the workload.
+// One flag a line, as --help lists them: its length is the flags'.
 func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs := flag.NewFlagSet("kvroute sim", flag.ContinueOnError)
 	fs.SetOutput(output)

@@ -169,7 +169,9 @@ func (h *Hub) Changed(b *fleet.Backend) {
 func (h *Hub) Close() { h.once.Do(func() { close(h.done) }) }
 
 // ServeHTTP streams the counts: a snapshot, then every change, until the
-// follower goes away, falls behind by WriteTimeout, or the hub closes.
+// follower goes away, falls behind by WriteTimeout, or the hub closes. One
+// loop, so that a follower's whole stream, and every way it ends, read in
+// one place.
 func (h *Hub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", "GET")

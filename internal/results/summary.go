@@ -227,6 +227,8 @@ func Imbalance(busy []time.Duration) float64 {
 
 // WriteTable prints summaries side by side, one column per run. With
 // non-zero bounds it adds the hit rate as a fraction of the ideal bound.
+// It is one row a line, in the order the table prints them: its length is
+// the table's.
 func WriteTable(w io.Writer, sums []Summary, bounds Bounds) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(label string, cell func(Summary) string) {

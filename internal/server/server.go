@@ -123,6 +123,8 @@ type Server struct {
 // Start builds the fleet, the router and the proxy, checks every backend
 // once (so that the router is ready as soon as it can be), and starts
 // serving. The fleet's loops run until Shutdown or Close, or until ctx ends.
+// It is long because it wires the parts in the order they depend on each
+// other, each once; split, the order would hide in the calls.
 func Start(ctx context.Context, cfg Config) (*Server, error) {
 	cfg = withDefaults(cfg)
 	log := cfg.Logger
