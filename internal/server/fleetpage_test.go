@@ -4,9 +4,11 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/emulator"
+	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/fleetpage"
+	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/testfleet"
 )
 
@@ -160,5 +165,75 @@ func get(t *testing.T, url string) {
 	res.Body.Close()
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("GET %s: %d", url, res.StatusCode)
+	}
+}
+
+// TestFleetPageJSON checks the page's wiring without a browser: /fleet.json
+// on the metrics listener counts what the router served, the API listener
+// does not serve it, and there is no page without a metrics listener.
+func TestFleetPageJSON(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var bs []*fleet.Backend
+	for i := range 2 {
+		e, err := emulator.New(emulator.Config{Seed: uint64(i + 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go e.Run(ctx)
+		ts := httptest.NewServer(e)
+		defer ts.Close()
+		b, _ := fleet.ParseBackend(i, fmt.Sprintf("gpu%d=%s", i, ts.URL))
+		bs = append(bs, b)
+	}
+	cfg := Config{Backends: bs, Policy: "kvroute", Listen: "127.0.0.1:0", DrainDelay: -1, Logger: testLogger(t),
+		Proxy: proxy.Config{Security: proxy.Security{MetricsElsewhere: true}}}
+	bare, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare.Close()
+	if bare.Page != nil {
+		t.Error("a fleet page without FleetPage")
+	}
+	cfg.MetricsListen, cfg.FleetPage = "127.0.0.1:0", true
+	s, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	get(t, s.MetricsURL+fleetpage.JSONPath) // the window starts here
+	for i := range 3 {
+		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hello %d"}],"max_tokens":4}`, model, i)
+		res, err := http.Post(s.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+	}
+	res, err := http.Get(s.MetricsURL + fleetpage.JSONPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var v fleetpage.View
+	if err := json.NewDecoder(res.Body).Decode(&v); err != nil {
+		t.Fatal(err)
+	}
+	served := 0
+	for _, b := range v.Backends {
+		served += int(b.ServedTotal)
+	}
+	if len(v.Backends) != 2 || len(v.Decisions) != 3 || served != 3 || v.Policy != "kvroute" {
+		t.Errorf("view: %d backends, %d decisions, %d served, policy %q; want 2, 3, 3, kvroute", len(v.Backends), len(v.Decisions), served, v.Policy)
+	}
+	api, err := http.Get(s.URL + fleetpage.JSONPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api.Body.Close()
+	if api.StatusCode != http.StatusNotFound {
+		t.Errorf("the API listener answers %s with %d, want 404", fleetpage.JSONPath, api.StatusCode)
 	}
 }
