@@ -33,6 +33,7 @@ type securityConfig struct {
 	backendAPIKeyEnv  string
 	allowPaths        stringList
 	metricsListen     string
+	fleetPage         bool // the live fleet page on the metrics listener
 	tlsCert, tlsKey   string
 	backendCA         string
 	backendCert       string
@@ -53,6 +54,7 @@ func (s *securityConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.backendAPIKeyEnv, "backend-api-key-env", "", "environment variable holding the API key of every backend without its own (sent as Authorization: Bearer, also on probes)")
 	fs.Var(&s.allowPaths, "allow-path", "forward this path prefix too, e.g. /v1/load_lora_adapter (repeatable); by default only the inference endpoints, /v1/models, /v1/rerank and /v1/score")
 	fs.StringVar(&s.metricsListen, "metrics-listen", defaultMetricsListen, "address serving /metrics (and /healthz); empty serves /metrics on the API listener instead, to key holders")
+	fs.BoolVar(&s.fleetPage, "fleet-page", true, "serve the live fleet page at /fleet (its JSON at /fleet.json) on --metrics-listen, keeping the last 20 routing decisions for it; not served without --metrics-listen")
 	fs.StringVar(&s.tlsCert, "tls-cert", "", "certificate file (PEM) of the API listener; with --tls-key it serves HTTPS")
 	fs.StringVar(&s.tlsKey, "tls-key", "", "private key file (PEM) of --tls-cert")
 	fs.StringVar(&s.backendCA, "backend-ca", "", "CA certificates file (PEM) that https backends' certificates must chain to, instead of the system's")

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/fleetpage"
 	"github.com/kvroute/kvroute/internal/gctune"
 	"github.com/kvroute/kvroute/internal/peers"
 	"github.com/kvroute/kvroute/internal/proxy"
@@ -217,7 +218,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	t.DialContext = (&net.Dialer{Timeout: cfg.connectTimeout, KeepAlive: 30 * time.Second}).DialContext
 	sc.Proxy = cfg.security.proxyConfig(proxy.Config{SessionHeader: cfg.sessionHeader, Logger: log, Transport: t, StdlibUpstream: cfg.stdlibUpstream, NetConnIO: cfg.netConnIO,
 		Resilience: cfg.resilience, Overload: cfg.overload, Explain: cfg.explain})
-	sc.TLS, sc.MetricsListen = cfg.security.serverTLS, cfg.security.metricsListen
+	sc.TLS, sc.MetricsListen, sc.FleetPage = cfg.security.serverTLS, cfg.security.metricsListen, cfg.security.fleetPage
 	kv, err := cfg.kvEvents.config(&http.Client{Transport: t}) // kveventsflags.go
 	if err != nil {
 		return err
@@ -246,6 +247,9 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	}
 	if s.MetricsURL != "" {
 		log.Info("metrics serving", "url", s.MetricsURL+"/metrics")
+	}
+	if s.Page != nil {
+		log.Info("fleet page serving", "url", s.MetricsURL+fleetpage.PagePath)
 	}
 	log.Info("kvroute serving", "url", s.URL, "policy", cfg.policy, "backends", len(s.Fleet.Backends()),
 		"discovery", sc.Discovery != nil)

@@ -26,6 +26,8 @@ type Router struct {
 	pins   *pins // nil: no response pinning (pins.go)
 	// accuracy scores the policy's predictions (accuracy.go).
 	accuracy *accuracy
+	// observer, when not nil, is told of every ticket (observer.go).
+	observer Observer
 }
 
 // NewRouter returns a Router for policy, estimating prompt lengths with
@@ -89,6 +91,9 @@ func (r *Router) Route(req *Request, cands []*fleet.Backend) (*Ticket, error) {
 	cached := min(max(d.Cached, 0), prompt)
 	t := &Ticket{Decision: d, req: req, tokens: r.tokens, pins: r.pins, accuracy: r.accuracy}
 	t.flight = d.Backend.Start(prompt-cached, prompt+req.MaxTokens)
+	if r.observer != nil {
+		r.observer.Routed(t) // t is on the heap already: telling costs no allocation
+	}
 	return t, nil
 }
 

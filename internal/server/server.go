@@ -20,8 +20,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/fleetpage"
 	"github.com/kvroute/kvroute/internal/kvevents/follow"
 	"github.com/kvroute/kvroute/internal/peers"
 	"github.com/kvroute/kvroute/internal/proxy"
@@ -78,6 +81,12 @@ type Config struct {
 	// MetricsListen, when not empty, serves /metrics (and /healthz) on a
 	// listener of its own; set Proxy.Security.MetricsElsewhere with it.
 	MetricsListen string
+	// FleetPage serves the live fleet page (internal/fleetpage) at /fleet
+	// and /fleet.json on the metrics listener, and keeps the router's last
+	// decisions for it. Without a metrics listener it is not served: the
+	// page names backends and shows clients' models, as /metrics does, and
+	// the API listener's keys are the proxy's to check.
+	FleetPage bool
 	// ReadHeaderTimeout, IdleTimeout and MaxConns bound client connections
 	// (defaults above; negative: none).
 	ReadHeaderTimeout, IdleTimeout time.Duration
@@ -107,6 +116,9 @@ type Server struct {
 	Proxy  *proxy.Proxy
 	// Events follows the backends' KV events; nil without Config.KVEvents.
 	Events *follow.Follower
+	// Page is the live fleet page; nil without Config.FleetPage and a
+	// metrics listener.
+	Page *fleetpage.Page
 	// URL is the API's base URL; MetricsURL the metrics listener's, if any.
 	URL, MetricsURL string
 
@@ -198,6 +210,12 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	fl.WatchLoad(s.hub.Changed)
 	// The counts name the backends' addresses: on the API listener only
 	// when the operator asked for peers and gave no admin listener.
+	if mln != nil && cfg.FleetPage {
+		// Before the API serves: the page's ring observes every decision.
+		gather, _ := px.Registerer().(prometheus.Gatherer)
+		s.Page = fleetpage.New(fleetpage.Config{Fleet: fl, Router: rt, Gatherer: gather})
+		admin = withFleetPage(admin, s.Page)
+	}
 	switch {
 	case mln != nil:
 		admin = withPeerLoad(admin, id, fl, s.hub)
@@ -230,6 +248,18 @@ func withPeerLoad(next http.Handler, id string, fl *fleet.Fleet, hub *peers.Hub)
 			counts.ServeHTTP(w, r)
 		case peers.StreamPath:
 			hub.ServeHTTP(w, r)
+		default:
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+// withFleetPage serves the fleet page and its JSON beside next.
+func withFleetPage(next http.Handler, page *fleetpage.Page) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case fleetpage.PagePath, fleetpage.JSONPath:
+			page.ServeHTTP(w, r)
 		default:
 			next.ServeHTTP(w, r)
 		}
