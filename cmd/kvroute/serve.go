@@ -199,7 +199,8 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	// On the command line 0 means none; in the Go configs it means the
 	// default.
 	for _, d := range []*time.Duration{&sc.DrainDelay, &sc.Grace, &sc.ReadHeaderTimeout, &sc.IdleTimeout,
-		&cfg.resilience.FirstTokenFloor, &cfg.resilience.StreamIdleTimeout, &cfg.resilience.ResponseTimeout, &cfg.resilience.BodyReadTimeout} {
+		&cfg.resilience.FirstTokenFloor, &cfg.resilience.StreamIdleTimeout, &cfg.resilience.ResponseTimeout, &cfg.resilience.BodyReadTimeout,
+		&cfg.resilience.ResponseFloor} {
 		if *d == 0 {
 			*d = -1
 		}

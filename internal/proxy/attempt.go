@@ -104,7 +104,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 			writeError(w, openai.Unavailable("kvroute is shutting down; retry"))
 			return nil, false
 		case cause == errFirstTokenTimeout:
-			p.metrics.timeouts.WithLabelValues(b.Name, "first_token").Inc()
+			p.metrics.timeouts.WithLabelValues(b.Name, timeoutKind(c)).Inc()
 			a.fail = "timeout"
 			return &failure{kind: "timeout", err: cause}, false
 		case isDialError(err):
@@ -228,6 +228,15 @@ func (a *attempt) brokeOff(hw *heldWriter, cause, err error, stream, canRetry bo
 		_ = hw.FlushError()
 	}
 	return nil, false
+}
+
+// timeoutKind is the kvroute_timeouts_total kind of c's first deadline:
+// a stream's first token, or a non-streamed response's answer.
+func timeoutKind(c *call) string {
+	if c.stream {
+		return "first_token"
+	}
+	return "response"
 }
 
 // FirstToken marks the first content of the response: the backend is done

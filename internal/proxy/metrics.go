@@ -78,7 +78,7 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 			`Requests sent to another backend after this one failed before answering, by reason: "dial", "reset", "timeout" (no first token in time) or "status" (429, 502, 503, 504).`,
 			[]string{"backend", "reason"}),
 		timeouts: counter("kvroute_timeouts_total",
-			`Attempts ended by a timeout, by kind: "first_token" (no first token by the deadline) or "idle" (a response stalled).`,
+			`Attempts ended by a timeout, by kind: "first_token" (no first token by the deadline), "response" (a non-streamed response not answered by its deadline) or "idle" (a response stalled).`,
 			[]string{"backend", "kind"}),
 		cut: counter("kvroute_responses_cut_total",
 			`Responses cut short after part of them reached the client, by reason: "read" (the backend failed), "first_token", "idle" or "shutdown". Streams end with an error event.`,
@@ -119,7 +119,7 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 var (
 	failureKinds = []string{"dial", "request", "status", "read"}
 	retryReasons = []string{"dial", "reset", "timeout", "status", "held"}
-	timeoutKinds = []string{"first_token", "idle"}
+	timeoutKinds = []string{"first_token", "response", "idle"}
 	cutReasons   = []string{"read", "first_token", "idle", "shutdown"}
 )
 
