@@ -33,6 +33,10 @@ type metrics struct {
 	cut       *prometheus.CounterVec // backend, reason
 	deadline  prometheus.Counter
 	upstream  *prometheus.CounterVec // event: the lean path's connections (internal/upstream)
+	// Migrations of cut streams (migrate.go).
+	migrations   *prometheus.CounterVec // cause, outcome
+	reprefilled  prometheus.Counter
+	migrationGap prometheus.Histogram
 }
 
 // Buckets in seconds. TTFT runs from a cached short prompt (milliseconds) to
@@ -86,15 +90,28 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 		upstream: upstream.NewConnCounter(),
 		deadline: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_deadline_refused_total",
 			Help: "Requests refused at once because the best backend's predicted time to first token missed their deadline."}),
+		migrations: counter("kvroute_migrations_total",
+			`Streams whose backend failed after their first bytes, sent on to another backend to continue, by cause ("reset", "idle", "error_event", "incomplete") and outcome ("continued", "failed": that backend failed before its first token, "unsafe", "limit", "no_backend": the stream ended with the error event).`,
+			[]string{"cause", "outcome"}),
+		reprefilled: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_migration_prefill_tokens_total",
+			Help: "Prompt tokens of the continuations sent (the original prompt and the text sent so far, as estimated), which their backends prefill again."}),
+		migrationGap: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvroute_migration_gap_seconds",
+			Help: "Time from a stream's cut to its continuation's first token reaching the client.", Buckets: ttftBuckets}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.ttft, m.e2e, m.predicted, m.reported,
-		m.prompt, m.decision, m.failures, m.retries, m.timeouts, m.cut, m.deadline, m.upstream, newLoadCollector(f)} {
+		m.prompt, m.decision, m.failures, m.retries, m.timeouts, m.cut, m.deadline, m.upstream,
+		m.migrations, m.reprefilled, m.migrationGap, newLoadCollector(f)} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
 				return nil, fmt.Errorf("proxy: metrics already registered (one Proxy per registry): %w", err)
 			}
 			return nil, fmt.Errorf("proxy: register metrics: %w", err)
+		}
+	}
+	for _, cause := range migrationCauses {
+		for _, outcome := range migrationOutcomes {
+			m.migrations.WithLabelValues(cause, outcome)
 		}
 	}
 	// The backends known at start with the models they serve get their

@@ -45,6 +45,11 @@ const (
 	// of active requests; a backend's death fails a third of them at once.)
 	DefaultRetryBudget    = 0.5
 	DefaultRetryBudgetMin = 3
+	// DefaultMaxMigrations is how many times one stream may continue on
+	// another backend after its backend failed mid-way: a fleet that loses
+	// a backend, then the one that took the stream over, still finishes
+	// it; past that the fleet is failing as a whole.
+	DefaultMaxMigrations = 2
 	// DefaultBodyReadTimeout bounds reading a request's body: 32 MiB at
 	// a slow client's 1 MB/s, and no slow-body connection held forever.
 	DefaultBodyReadTimeout = 60 * time.Second
@@ -80,6 +85,9 @@ type Resilience struct {
 	RetryBudgetMin int
 	// BodyReadTimeout bounds reading a request body.
 	BodyReadTimeout time.Duration
+	// MaxMigrations bounds how many times a stream cut after its first
+	// bytes continues on another backend (migrate.go); negative: never.
+	MaxMigrations int
 }
 
 func (r Resilience) withDefaults() Resilience {
@@ -105,6 +113,9 @@ func (r Resilience) withDefaults() Resilience {
 	}
 	if r.RetryBudget == 0 {
 		r.RetryBudget = DefaultRetryBudget
+	}
+	if r.MaxMigrations == 0 {
+		r.MaxMigrations = DefaultMaxMigrations
 	}
 	if r.RetryBudgetMin == 0 {
 		r.RetryBudgetMin = DefaultRetryBudgetMin

@@ -1,0 +1,115 @@
+package sse
+
+import (
+	"errors"
+
+	"github.com/kvroute/kvroute/internal/jsonscan"
+)
+
+// ErrErrorEvent is the read error of a copy that a backend's error event
+// stopped (with Scanner.Rec): the backend failed mid-stream, and its event
+// was not forwarded.
+var ErrErrorEvent = errors.New("the backend sent an error event")
+
+// Record is what a chat or completion stream sent to the client so far,
+// for a stream that may have to continue on another backend: the chunks'
+// id, created and model, the text of choice 0, how many chunks carried
+// it, and whether what was sent can be continued at all. Scanner fills it
+// as events pass; it may span several streams of one request (the
+// original and its continuations), so its identity is the first one's. A
+// Record is used on one goroutine at a time.
+type Record struct {
+	// ID, Created and Model are the raw JSON values of the first chunk's
+	// members.
+	ID, Created, Model []byte
+	// Text is the text of choice 0 so far: completions' text, chat's
+	// delta content.
+	Text []byte
+	// Chunks is how many chunks carried Text (one token each, as vLLM and
+	// the emulator stream).
+	Chunks int
+	// Other is set when a chunk carried output that Text cannot carry on:
+	// another choice, reasoning, a tool call, logprobs.
+	Other bool
+	// Finished is set once a chunk gave choice 0 its finish_reason.
+	Finished bool
+	// Failed holds the data of the backend's error event, once one came.
+	Failed []byte
+}
+
+// failed reports whether the backend's error event stopped the stream.
+func (s *Scanner) failed() bool { return s.Rec != nil && s.Rec.Failed != nil }
+
+// note records one event's data and reports whether it is the backend's
+// error event.
+func (r *Record) note(data []byte) (failed bool) {
+	for m := range jsonscan.Members(data) {
+		v := data[m.Val:m.End]
+		switch {
+		case m.Is("error"):
+			r.Failed = append(r.Failed[:0], data...)
+			return true
+		case m.Is("id"):
+			if r.ID == nil {
+				r.ID = append([]byte(nil), v...)
+			}
+		case m.Is("created"):
+			if r.Created == nil {
+				r.Created = append([]byte(nil), v...)
+			}
+		case m.Is("model"):
+			if r.Model == nil {
+				r.Model = append([]byte(nil), v...)
+			}
+		case m.Is("choices"):
+			for c := range jsonscan.Elems(v) {
+				r.choice(c)
+			}
+		}
+	}
+	return false
+}
+
+// choice records one element of a chunk's choices.
+func (r *Record) choice(c []byte) {
+	before := len(r.Text)
+	for m := range jsonscan.Members(c) {
+		v := c[m.Val:m.End]
+		switch {
+		case m.Is("index"):
+			if jsonscan.IntValue(v) != 0 {
+				r.Other = true
+				return
+			}
+		case m.Is("text"):
+			if jsonscan.IsString(v) {
+				r.Text = jsonscan.AppendString(r.Text, v)
+			}
+		case m.Is("logprobs"):
+			if !jsonscan.IsNull(v) {
+				r.Other = true
+			}
+		case m.Is("finish_reason"):
+			if !jsonscan.IsNull(v) {
+				r.Finished = true
+			}
+		case m.Is("delta"):
+			for d := range jsonscan.Members(v) {
+				x := v[d.Val:d.End]
+				switch {
+				case d.Is("content"):
+					if jsonscan.IsString(x) {
+						r.Text = jsonscan.AppendString(r.Text, x)
+					}
+				case d.Is("reasoning_content"), d.Is("reasoning"), d.Is("tool_calls"), d.Is("function_call"):
+					if jsonscan.NonEmpty(x) {
+						r.Other = true
+					}
+				}
+			}
+		}
+	}
+	if len(r.Text) > before {
+		r.Chunks++
+	}
+}
