@@ -37,6 +37,8 @@ func registerHardening(fs *flag.FlagSet, cfg *serveConfig) {
 	fs.IntVar(&r.MaxAttempts, "max-attempts", proxy.DefaultMaxAttempts, "most backends one request tries before its first byte reaches the client")
 	fs.Float64Var(&r.RetryBudget, "retry-budget", proxy.DefaultRetryBudget, "retries in flight at most this fraction of the requests in flight ...")
 	fs.IntVar(&r.RetryBudgetMin, "retry-budget-min", proxy.DefaultRetryBudgetMin, "... or this many")
+	fs.BoolVar(&cfg.migrate, "migrate", true, "a stream whose backend fails after its first token continues on another backend, asked to continue the text sent so far (false: it ends with an error event)")
+	fs.IntVar(&r.MaxMigrations, "max-migrations", proxy.DefaultMaxMigrations, "most times one stream continues on another backend (0: never)")
 	fs.DurationVar(&r.BodyReadTimeout, "body-read-timeout", proxy.DefaultBodyReadTimeout, "limit of reading a request body (408 past it; negative: none)")
 
 	fs.DurationVar(&s.ReadHeaderTimeout, "read-header-timeout", server.DefaultReadHeaderTimeout, "limit of reading a request's headers (negative: none)")

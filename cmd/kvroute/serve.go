@@ -33,6 +33,7 @@ type serveConfig struct {
 	stdlibUpstream bool // hardenflags.go
 	netConnIO      bool // hardenflags.go
 	gcFloorMiB     int  // hardenflags.go
+	migrate        bool // hardenflags.go
 	backends       []*fleet.Backend
 	fleet          fleet.Options
 	discovery      discoveryConfig
@@ -205,8 +206,11 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 			*d = -1
 		}
 	}
+	if !cfg.migrate {
+		cfg.resilience.MaxMigrations = -1
+	}
 	ej := &cfg.fleet.Outlier
-	for _, n := range []*int{&sc.MaxConns, &cfg.overload.MaxPerBackend, &cfg.overload.Admission.MaxInFlight, &cfg.overload.Admission.MaxQueue,
+	for _, n := range []*int{&cfg.resilience.MaxMigrations, &sc.MaxConns, &cfg.overload.MaxPerBackend, &cfg.overload.Admission.MaxInFlight, &cfg.overload.Admission.MaxQueue,
 		&ej.ConsecutiveGatewayErrors, &ej.Consecutive5xx, &ej.ConsecutiveTimeouts, &ej.ConsecutiveSlow, &ej.MaxEjectionPercent} {
 		if *n == 0 {
 			*n = -1

@@ -255,6 +255,7 @@ func (a *attempt) cut(kind string, err error, e *apiError) *failure {
 		return nil
 	}
 	f := &failure{kind: "reset", err: err, cut: true, cause: causeReset, at: a.p.now(), event: cutEvent(e)}
+	a.out.Status = e.Status // the ticket finishes as failed: no pin to a response cut short
 	switch {
 	case kind == "idle":
 		f.kind, f.cause = "timeout", causeIdle

@@ -198,7 +198,7 @@ func (p *Proxy) migrate(w http.ResponseWriter, r *http.Request, c *call, t *rout
 // why not.
 func (p *Proxy) nextContinuation(r *http.Request, c *call, cands []*fleet.Backend) (string, *router.Ticket) {
 	switch {
-	case c.rec.Other || c.rec.Failed != nil && c.rec.Chunks == 0:
+	case c.rec.Other:
 		return migrationUnsafe, nil
 	case c.migrations >= p.res.MaxMigrations:
 		return migrationLimit, nil

@@ -23,8 +23,8 @@ type splice struct {
 	// sent is how many content chunks reached the client before this
 	// continuation began.
 	sent int
-	// firstAt is when the continuation's first content went out; zero
-	// until it does.
+	// firstAt is when the continuation's first content (or its finish)
+	// went out; zero until it does.
 	firstAt time.Time
 	now     func() time.Time
 	// pending holds the bytes of an event not yet complete (the copier
@@ -92,7 +92,9 @@ func (s *splice) event(dst, ev []byte) []byte {
 	if !content && !jsonscan.IsObject(usage) {
 		return dst // the role announcement, or an empty chunk
 	}
-	if s.firstAt.IsZero() && hasText(choices) {
+	if s.firstAt.IsZero() && content {
+		// Its first token, or a finish with nothing more to say: either
+		// way the client has had some of the continuation.
 		s.firstAt = s.now()
 	}
 	dst = append(dst, "data: {"...)
@@ -147,16 +149,6 @@ func carries(choices []byte) bool {
 		if f := jsonscan.Field(c, "finish_reason"); f != nil && !jsonscan.IsNull(f) {
 			return true
 		}
-		if choiceText(c) {
-			return true
-		}
-	}
-	return false
-}
-
-// hasText reports whether a chunk's choices carry text.
-func hasText(choices []byte) bool {
-	for c := range jsonscan.Elems(choices) {
 		if choiceText(c) {
 			return true
 		}

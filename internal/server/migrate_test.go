@@ -225,3 +225,63 @@ func TestMigrateStop(t *testing.T) {
 	}
 	gaps(t, "SIGSTOP (idle timeout "+idleTimeout.String()+")", migrated)
 }
+
+// streamCompletion streams one completion of prompt from url and returns
+// its text, or an error naming what went wrong.
+func streamCompletion(url, prompt string, maxTokens int) (string, error) {
+	body := fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":%d,"stream":true}`, model, prompt, maxTokens)
+	res, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	defer res.Body.Close()
+	var b strings.Builder
+	done := false
+	sc := bufio.NewScanner(res.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		switch {
+		case !ok:
+			continue
+		case data == "[DONE]":
+			done = true
+			continue
+		case strings.HasPrefix(data, `{"error"`):
+			return "", fmt.Errorf("error event %s", data)
+		}
+		var c struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			return "", err
+		}
+		for _, ch := range c.Choices {
+			b.WriteString(ch.Text)
+		}
+	}
+	if !done {
+		return "", fmt.Errorf("no [DONE] (status %d, err %v)", res.StatusCode, sc.Err())
+	}
+	return b.String(), nil
+}
+
+// A completion cut after 8 tokens continues as the prompt and its text so
+// far, and ends as the uninterrupted one.
+func TestMigrateCompletion(t *testing.T) {
+	emus := testfleet.Start(t, 2, "--seed", "10")
+	emus[0].SetFaults(emulator.Faults{DieAfterTokens: 8})
+	s := startRouter(t, emus)
+	for i := range 4 {
+		prompt := fmt.Sprintf("Story %d.\n", i)
+		got, err := streamCompletion(s.URL, prompt, 30)
+		want, werr := streamCompletion(emus[1].URL(), prompt, 30)
+		if err != nil || werr != nil || got != want {
+			t.Errorf("completion %d: %q (%v), want the uninterrupted %q (%v)", i, got, err, want, werr)
+		}
+	}
+	if faultsServed(t, emus[0], "die") == 0 {
+		t.Error("no completion was cut: the test proves nothing")
+	}
+}
