@@ -139,6 +139,12 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	hw := &a.hw
 	p.setRouteHeaders(w, &t.Decision)
 	stream, announced := responseHeaders(res)
+	if c.splice != nil && !stream {
+		// A continuation that is not a stream cannot be spliced into one.
+		a.status, a.out.Status, a.fail = "", 0, "read"
+		p.metrics.failures.WithLabelValues(b.Name, "status").Inc()
+		return &failure{kind: "status", status: res.StatusCode}, false
+	}
 	if res.StatusCode/100 != 2 || res.ContentLength == 0 {
 		hw.send() // an error or an empty body: nothing to wait for
 	}

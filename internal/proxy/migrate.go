@@ -224,7 +224,7 @@ func (p *Proxy) nextContinuation(r *http.Request, c *call, cands []*fleet.Backen
 	}
 	c.body, c.req, c.retrying = body, &g.Request, false
 	c.rec.Failed = nil
-	t, err := p.route(c, live)
+	t, err := p.tracedRoute(r.Context(), c, live) // tracing.go: p.route in a span
 	if err != nil {
 		return migrationNoBackend, nil
 	}

@@ -7,7 +7,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -150,9 +152,23 @@ func manyChats(url string, n, maxTokens int, after func()) []chatReply {
 // the emulator at url.
 func references(url string, n, maxTokens int) []chatReply { return manyChats(url, n, maxTokens, nil) }
 
-// gaps logs the cut-to-continuation gaps of the migrated streams.
-func gaps(t *testing.T, what string, migrated []chatReply) {
+// gaps logs the router's migrations and the cut-to-continuation gaps of
+// the streams first served by the failed backend.
+func gaps(t *testing.T, s *Server, what string, migrated []chatReply) {
 	t.Helper()
+	res, err := http.Get(s.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	var counts []string
+	for _, m := range regexp.MustCompile(`(?m)^kvroute_migrations_total\{cause="(\w+)",outcome="(\w+)"\} (\d+)$`).FindAllSubmatch(page, -1) {
+		if string(m[3]) != "0" {
+			counts = append(counts, fmt.Sprintf("%s/%s %s", m[1], m[2], m[3]))
+		}
+	}
+	t.Logf("%s: migrations (cause/outcome count): %v", what, counts)
 	if len(migrated) == 0 {
 		return
 	}
@@ -161,7 +177,7 @@ func gaps(t *testing.T, what string, migrated []chatReply) {
 		d = append(d, r.maxGap)
 	}
 	slices.Sort(d)
-	t.Logf("%s: %d streams continued elsewhere; longest gap between two chunks: p50 %v, p99 %v, max %v", what, len(d),
+	t.Logf("%s: %d streams first served by the failed backend; their longest gap between two chunks: p50 %v, p99 %v, max %v", what, len(d),
 		d[len(d)/2].Round(time.Millisecond), d[(len(d)*99)/100].Round(time.Millisecond), d[len(d)-1].Round(time.Millisecond))
 }
 
@@ -177,28 +193,28 @@ func TestMigrateDieAfterTokens(t *testing.T) {
 	if len(migrated) == 0 {
 		t.Error("no stream went to the cutting backend first: the test proves nothing")
 	}
-	gaps(t, "cut after 8 tokens", migrated)
+	gaps(t, s, "cut after 8 tokens", migrated)
 	if !s.Fleet.Ejected(s.Fleet.Backends()[0]) {
 		t.Error("the backend that cuts every stream is not ejected")
 	}
 }
 
-// SIGKILL of one of three backends under 60 streams: none ends in an
+// SIGKILL of one of three backends under 200 streams: none ends in an
 // error, every one's text is the uninterrupted run's.
 func TestMigrateKill(t *testing.T) {
 	emus := testfleet.Start(t, 3, "--seed", "8")
 	s := startRouter(t, emus, func(c *Config) { c.Proxy.Resilience.FirstTokenFloor = patience })
-	got := manyChats(s.URL, 60, 300, func() {
+	got := manyChats(s.URL, 200, 300, func() {
 		waitFor(t, func() bool { return inflight(s, 0) > 5 })
 		time.Sleep(500 * time.Millisecond) // under way: past their first tokens
 		emus[0].Kill()
 	})
-	ref := references(emus[1].URL(), 60, 300)
+	ref := references(emus[1].URL(), 200, 300)
 	migrated := checkContinued(t, got, ref, "gpu0")
 	if len(migrated) == 0 {
 		t.Error("no stream was on the killed backend: the test proves nothing")
 	}
-	gaps(t, "SIGKILL", migrated)
+	gaps(t, s, "SIGKILL", migrated)
 }
 
 // A SIGSTOPped backend under 30 streams: after the idle timeout each of its
@@ -223,7 +239,7 @@ func TestMigrateStop(t *testing.T) {
 			t.Errorf("migrated stream %d continued %v after its last chunk, before the idle timeout", i, r.maxGap)
 		}
 	}
-	gaps(t, "SIGSTOP (idle timeout "+idleTimeout.String()+")", migrated)
+	gaps(t, s, "SIGSTOP (idle timeout "+idleTimeout.String()+")", migrated)
 }
 
 // streamCompletion streams one completion of prompt from url and returns
@@ -284,4 +300,23 @@ func TestMigrateCompletion(t *testing.T) {
 	if faultsServed(t, emus[0], "die") == 0 {
 		t.Error("no completion was cut: the test proves nothing")
 	}
+}
+
+// A backend drained with SIGTERM ends the streams still running past its
+// grace with an error event: each continues elsewhere, as the
+// uninterrupted run.
+func TestMigrateTerm(t *testing.T) {
+	emus := testfleet.Start(t, 3, "--seed", "11", "--time-scale", "0.5")
+	s := startRouter(t, emus)
+	got := manyChats(s.URL, 9, 3000, func() {
+		waitFor(t, func() bool { return inflight(s, 0) > 1 })
+		time.Sleep(300 * time.Millisecond) // under way: past the first token
+		emus[0].Term()
+	})
+	ref := references(emus[1].URL(), 9, 3000)
+	migrated := checkContinued(t, got, ref, "gpu0")
+	if len(migrated) == 0 {
+		t.Error("no stream was on the drained backend: the test proves nothing")
+	}
+	gaps(t, s, "SIGTERM past the backend's grace", migrated)
 }

@@ -46,7 +46,8 @@ func (r *Record) note(data []byte) (failed bool) {
 	for m := range jsonscan.Members(data) {
 		v := data[m.Val:m.End]
 		switch {
-		case m.Is("error"):
+		case m.Is("error"), m.Is("object") && string(v) == `"error"`:
+			// {"error":{...}}, or vLLM's older {"object":"error",...}.
 			r.Failed = append(r.Failed[:0], data...)
 			return true
 		case m.Is("id"):
