@@ -40,33 +40,47 @@ type Record struct {
 // failed reports whether the backend's error event stopped the stream.
 func (s *Scanner) failed() bool { return s.Rec != nil && s.Rec.Failed != nil }
 
-// note records one event's data and reports whether it is the backend's
-// error event.
-func (r *Record) note(data []byte) (failed bool) {
-	for m := range jsonscan.Members(data) {
-		v := data[m.Val:m.End]
-		switch {
-		case m.Is("error"), m.Is("object") && string(v) == `"error"`:
-			// {"error":{...}}, or vLLM's older {"object":"error",...}.
-			r.Failed = append(r.Failed[:0], data...)
-			return true
-		case m.Is("id"):
-			if r.ID == nil {
-				r.ID = append([]byte(nil), v...)
-			}
-		case m.Is("created"):
-			if r.Created == nil {
-				r.Created = append([]byte(nil), v...)
-			}
-		case m.Is("model"):
-			if r.Model == nil {
-				r.Model = append([]byte(nil), v...)
-			}
-		case m.Is("choices"):
-			for c := range jsonscan.Elems(v) {
-				r.choice(c)
-			}
-		}
+// ident is what a chunk says of its stream beside its choices: its id,
+// created and model, and whether it is an error.
+type ident struct {
+	id, created, model []byte
+	failed             bool
+}
+
+// note reads m, a member of the chunk data.
+func (d *ident) note(m jsonscan.Member, data []byte) {
+	v := data[m.Val:m.End]
+	switch {
+	case m.Is("id"):
+		d.id = v
+	case m.Is("created"):
+		d.created = v
+	case m.Is("model"):
+		d.model = v
+	case m.Is("error"), m.Is("object") && string(v) == `"error"`:
+		// {"error":{...}}, or vLLM's older {"object":"error",...}.
+		d.failed = true
+	}
+}
+
+// note records one chunk's data, whose members other than choices d
+// holds, and reports whether it is the backend's error event.
+func (r *Record) note(data []byte, d *ident, choices []byte) (failed bool) {
+	if d.failed {
+		r.Failed = append(r.Failed[:0], data...)
+		return true
+	}
+	if r.ID == nil && d.id != nil {
+		r.ID = append([]byte(nil), d.id...)
+	}
+	if r.Created == nil && d.created != nil {
+		r.Created = append([]byte(nil), d.created...)
+	}
+	if r.Model == nil && d.model != nil {
+		r.Model = append([]byte(nil), d.model...)
+	}
+	for c := range jsonscan.Elems(choices) {
+		r.choice(c)
 	}
 	return false
 }

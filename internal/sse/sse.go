@@ -120,9 +120,7 @@ func (s *Scanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 		var choices, typ, delta, resp []byte
 		var use jsonscan.Member
 		hasUse := false
-		if s.Rec != nil && s.Rec.note(data) {
-			return true, 0, 0 // the backend's error event: the copy stops
-		}
+		var id ident // for Rec
 		for m := range jsonscan.Members(data) {
 			switch {
 			case m.Is("choices"):
@@ -135,7 +133,12 @@ func (s *Scanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 				delta = data[m.Val:m.End]
 			case m.Is("response"):
 				resp = data[m.Val:m.End]
+			case s.Rec != nil:
+				id.note(m, data)
 			}
+		}
+		if s.Rec != nil && s.Rec.note(data, &id, choices) {
+			return true, 0, 0 // the backend's error event: the copy stops
 		}
 		if hasContent(choices) || isResponseDelta(typ, delta) {
 			s.Tokens++
