@@ -66,6 +66,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 	defer p.budget.active.Add(-1)
 	var last *failure
 	var lastTicket *router.Ticket
+	var failed []*fleet.Backend // the backends tried in vain, which a cut stream does not go back to
 	for n := 1; ; n++ {
 		t, e := p.tracedRoute(r.Context(), c, cands) // tracing.go: p.route in a span
 		if e != nil {
@@ -92,9 +93,10 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 			return
 		}
 		if f.cut {
-			p.migrate(w, r, c, t, f, cands) // migrate.go
+			p.migrate(w, r, c, t, f, failed) // migrate.go
 			return
 		}
+		failed = append(failed, t.Backend)
 		last, lastTicket = f, t
 		cands = router.Without(cands, t.Backend)
 		if f.kind == "status" && f.status == http.StatusTooManyRequests && !more && c.holdable {

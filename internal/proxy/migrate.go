@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -146,15 +147,19 @@ func rejectsContinuation(status int) bool {
 }
 
 // migrate carries c, whose stream at t's backend was cut (f) after its
-// first bytes reached the client, on to other backends among cands, each
-// chosen by the router for the continuation, within the request's
-// migrations; when it cannot, the stream ends with f's error event as
-// before. It is one loop so that each migration's outcome is counted where
-// its attempt ends.
-func (p *Proxy) migrate(w http.ResponseWriter, r *http.Request, c *call, t *router.Ticket, f *failure, cands []*fleet.Backend) {
+// first bytes reached the client, on to other backends, each chosen by the
+// router for the continuation among the candidates then (the fleet may
+// have changed since the request came) less those that failed it, within
+// the request's migrations; when it cannot, the stream ends with f's error
+// event as before. It is one loop so that each migration's outcome is
+// counted where its attempt ends.
+func (p *Proxy) migrate(w http.ResponseWriter, r *http.Request, c *call, t *router.Ticket, f *failure, tried []*fleet.Backend) {
 	cause, cutAt := f.cause, f.at
 	for {
-		cands = router.Without(cands, t.Backend)
+		tried = append(tried, t.Backend)
+		cands := slices.DeleteFunc(p.fleet.Candidates(nil, c.req.Model), func(b *fleet.Backend) bool {
+			return slices.Contains(tried, b)
+		})
 		outcome, next := p.nextContinuation(r, c, cands)
 		if next == nil {
 			p.metrics.migrations.WithLabelValues(cause, outcome).Inc()
