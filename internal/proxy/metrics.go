@@ -91,7 +91,7 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 		deadline: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_deadline_refused_total",
 			Help: "Requests refused at once because the best backend's predicted time to first token missed their deadline."}),
 		migrations: counter("kvroute_migrations_total",
-			`Streams whose backend failed after their first bytes, sent on to another backend to continue, by cause ("reset", "idle", "error_event", "incomplete") and outcome ("continued", "failed": that backend failed before its first token, "unsafe", "limit", "no_backend": the stream ended with the error event).`,
+			`Streams whose backend failed after their first bytes, sent on to another backend to continue, by cause ("reset", "idle", "error_event", "incomplete") and outcome ("continued", "finished": every allowed token was sent and kvroute wrote the end, "failed": that backend failed before its first token, "unsafe", "limit", "no_backend": the stream ended with the error event).`,
 			[]string{"cause", "outcome"}),
 		reprefilled: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_migration_prefill_tokens_total",
 			Help: "Prompt tokens of the continuations sent (the original prompt and the text sent so far, as estimated), which their backends prefill again."}),

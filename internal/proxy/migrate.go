@@ -35,11 +35,12 @@ const (
 	migrationUnsafe    = "unsafe"    // what was sent cannot be continued (n > 1, logprobs, a tool call, ...)
 	migrationLimit     = "limit"     // the request used its --max-migrations
 	migrationNoBackend = "no_backend"
+	migrationFinished  = "finished" // every token allowed was sent: kvroute ended the stream itself
 )
 
 var (
 	migrationCauses   = []string{causeReset, causeIdle, causeErrorEvent, causeIncomplete}
-	migrationOutcomes = []string{migrationContinued, migrationFailed, migrationUnsafe, migrationLimit, migrationNoBackend}
+	migrationOutcomes = []string{migrationContinued, migrationFinished, migrationFailed, migrationUnsafe, migrationLimit, migrationNoBackend}
 )
 
 // continuable reports whether a streamed request of kind ep could continue
@@ -91,12 +92,13 @@ func oneString(v []byte) bool {
 // assistant message continued in place (continue_final_message, no
 // generation prompt); for completions, the prompt followed by the text.
 // max_tokens (and max_completion_tokens) shrink by the chunks sent; other
-// settings, seed and sampling included, stay. ok is false when nothing is
-// left to generate or the body cannot be rewritten.
-func continuation(ep request.Endpoint, body []byte, rec *sse.Record) (out []byte, ok bool) {
+// settings, seed and sampling included, stay. ok is false when the body
+// cannot be rewritten; spent is set, and out nil, when the text sent has
+// all the tokens the request allowed.
+func continuation(ep request.Endpoint, body []byte, rec *sse.Record) (out []byte, spent, ok bool) {
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(body, &obj) != nil {
-		return nil, false
+		return nil, false, false
 	}
 	for _, k := range []string{"max_tokens", "max_completion_tokens"} {
 		raw, set := obj[k]
@@ -105,7 +107,7 @@ func continuation(ep request.Endpoint, body []byte, rec *sse.Record) (out []byte
 		}
 		left := jsonscan.IntValue(raw) - rec.Chunks
 		if left < 1 {
-			return nil, false
+			return nil, true, true
 		}
 		obj[k] = json.RawMessage(strconv.Itoa(left))
 	}
@@ -114,7 +116,7 @@ func continuation(ep request.Endpoint, body []byte, rec *sse.Record) (out []byte
 	case request.Chat:
 		var msgs []json.RawMessage
 		if json.Unmarshal(obj["messages"], &msgs) != nil {
-			return nil, false
+			return nil, false, false
 		}
 		msgs = append(msgs, json.RawMessage(`{"role":"assistant","content":`+string(text)+`}`))
 		obj["messages"], _ = json.Marshal(msgs)
@@ -128,14 +130,14 @@ func continuation(ep request.Endpoint, body []byte, rec *sse.Record) (out []byte
 			_ = json.Unmarshal(raw, &one)
 			prompt = one[0]
 		} else if json.Unmarshal(raw, &prompt) != nil {
-			return nil, false
+			return nil, false, false
 		}
 		obj["prompt"], _ = json.Marshal(prompt + string(rec.Text))
 	default:
-		return nil, false
+		return nil, false, false
 	}
 	out, err := json.Marshal(obj)
-	return out, err == nil
+	return out, false, err == nil
 }
 
 // rejectsContinuation reports whether a backend's status to a continuation
@@ -161,6 +163,11 @@ func (p *Proxy) migrate(w http.ResponseWriter, r *http.Request, c *call, t *rout
 			return slices.Contains(tried, b)
 		})
 		outcome, next := p.nextContinuation(r, c, cands)
+		if outcome == migrationFinished {
+			p.metrics.migrations.WithLabelValues(cause, outcome).Inc()
+			p.finishSpent(w, c)
+			return
+		}
 		if next == nil {
 			p.metrics.migrations.WithLabelValues(cause, outcome).Inc()
 			p.log.Warn("stream cut, not continued elsewhere", "request_id", c.id, "backend", t.Backend.Name, "cause", cause, "why", outcome)
@@ -208,8 +215,11 @@ func (p *Proxy) nextContinuation(r *http.Request, c *call, cands []*fleet.Backen
 	case c.migrations >= p.res.MaxMigrations:
 		return migrationLimit, nil
 	}
-	body, ok := continuation(c.ep, c.body, c.rec)
-	if !ok {
+	body, spent, ok := continuation(c.ep, c.body, c.rec)
+	switch {
+	case spent:
+		return migrationFinished, nil
+	case !ok:
 		return migrationUnsafe, nil
 	}
 	g, e := request.Parse(c.ep, body, c.req.SessionKey)
@@ -234,6 +244,29 @@ func (p *Proxy) nextContinuation(r *http.Request, c *call, cands []*fleet.Backen
 		return migrationNoBackend, nil
 	}
 	return "", t
+}
+
+// finishSpent ends a stream cut after its last allowed token and before
+// its finish: with the chunk a backend would have sent, finish_reason
+// "length", and [DONE]. It has no usage to give: the backend's never came.
+func (p *Proxy) finishSpent(w http.ResponseWriter, c *call) {
+	ev := append([]byte(`data: {"id":`), c.rec.ID...)
+	if c.ep == request.Chat {
+		ev = append(ev, `,"object":"chat.completion.chunk","created":`...)
+	} else {
+		ev = append(ev, `,"object":"text_completion","created":`...)
+	}
+	ev = append(append(ev, c.rec.Created...), `,"model":`...)
+	ev = append(append(ev, c.rec.Model...), `,"choices":[{"index":0,`...)
+	if c.ep == request.Chat {
+		ev = append(ev, `"delta":{}`...)
+	} else {
+		ev = append(ev, `"text":""`...)
+	}
+	ev = append(ev, `,"logprobs":null,"finish_reason":"length"}]}`+"\n\ndata: [DONE]\n\n"...)
+	if _, err := w.Write(ev); err == nil {
+		_ = sse.Flush(sse.FlusherOf(w))
+	}
 }
 
 // endCut ends a stream cut after its first bytes with f's error event and

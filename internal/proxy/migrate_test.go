@@ -60,7 +60,7 @@ func TestContinuation(t *testing.T) {
 			map[string]string{"max_completion_tokens": "1"}, true},
 		{"chat, no limit", request.Chat, `{"messages":[{"role":"user","content":"x"}]}`,
 			map[string]string{"continue_final_message": "true"}, true},
-		{"nothing left", request.Chat, `{"messages":[{"role":"user","content":"x"}],"max_tokens":3}`, nil, false},
+		{"nothing left", request.Chat, `{"messages":[{"role":"user","content":"x"}],"max_tokens":3}`, nil, true},
 		{"completion", request.Completion, `{"prompt":"Once.\n","max_tokens":5}`,
 			map[string]string{"prompt": `"Once.\nThe \"sea\""`, "max_tokens": "2"}, true},
 		{"completion, one prompt", request.Completion, `{"prompt":["Once.\n"]}`,
@@ -68,12 +68,12 @@ func TestContinuation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			out, ok := continuation(tt.ep, []byte(tt.body), rec)
-			if ok != tt.wantOK {
-				t.Fatalf("ok %v, want %v", ok, tt.wantOK)
+			out, spent, ok := continuation(tt.ep, []byte(tt.body), rec)
+			if ok != tt.wantOK || spent != (tt.want == nil) {
+				t.Fatalf("ok %v, spent %v; want %v, %v", ok, spent, tt.wantOK, tt.want == nil)
 			}
 			var got map[string]json.RawMessage
-			if ok {
+			if ok && !spent {
 				if err := json.Unmarshal(out, &got); err != nil {
 					t.Fatal(err)
 				}

@@ -320,3 +320,22 @@ func TestMigrateTerm(t *testing.T) {
 	}
 	gaps(t, s, "SIGTERM past the backend's grace", migrated)
 }
+
+// A stream cut after its last allowed token, before its finish, ends as
+// the uninterrupted one would, with finish_reason "length" (and no usage:
+// the backend's never came).
+func TestMigrateSpent(t *testing.T) {
+	emus := testfleet.Start(t, 2, "--seed", "12")
+	emus[0].SetFaults(emulator.Faults{DieAfterTokens: 8})
+	s := startRouter(t, emus)
+	for i := range 4 {
+		text := fmt.Sprintf("request %d: tell me a story", i)
+		got, want := streamChat(s.URL, text, 8), streamChat(emus[1].URL(), text, 8)
+		if got.err != nil || got.errorEvent || !got.completed || got.text != want.text || got.finish != "length" || len(got.ids) != 1 {
+			t.Errorf("stream %d: %+v, want the uninterrupted %q ending with length", i, got, want.text)
+		}
+	}
+	if faultsServed(t, emus[0], "die") == 0 {
+		t.Error("no stream was cut: the test proves nothing")
+	}
+}
