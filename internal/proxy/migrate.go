@@ -46,7 +46,10 @@ var (
 // continuable reports whether a streamed request of kind ep could continue
 // on another backend from what it sent so far, as far as its body tells:
 // one choice (n, best_of), no logprobs (a continuation's would not line up
-// with the first backend's), no echo, and a completion prompt that is text.
+// with the first backend's), no echo, no structured output (the engine's
+// grammar would start again where the text left off, as Dynamo's
+// migration excludes guided decoding), and a completion prompt that is
+// text.
 func continuable(ep request.Endpoint, body []byte) bool {
 	if ep != request.Chat && ep != request.Completion {
 		return false
@@ -64,6 +67,15 @@ func continuable(ep request.Endpoint, body []byte) bool {
 			}
 		case m.Is("echo"):
 			if string(v) == "true" {
+				return false
+			}
+		case m.Is("response_format"):
+			if t := jsonscan.StringValue(jsonscan.Field(v, "type")); t != "" && t != "text" {
+				return false
+			}
+		case m.Is("structured_outputs"), m.Is("guided_json"), m.Is("guided_regex"), m.Is("guided_choice"),
+			m.Is("guided_grammar"), m.Is("grammar"), m.Is("json_schema"):
+			if !jsonscan.IsNull(v) {
 				return false
 			}
 		case m.Is("prompt"):

@@ -31,6 +31,10 @@ func TestContinuable(t *testing.T) {
 		{"echo", request.Completion, `{"prompt":"Hi","echo":true}`, false},
 		{"best_of", request.Completion, `{"prompt":"Hi","best_of":3}`, false},
 		{"responses", request.Responses, `{"input":"Hi"}`, false},
+		{"response_format text", request.Chat, `{"messages":[],"response_format":{"type":"text"}}`, true},
+		{"json_schema", request.Chat, `{"messages":[],"response_format":{"type":"json_schema","json_schema":{}}}`, false},
+		{"guided_regex", request.Completion, `{"prompt":"Hi","guided_regex":"a+"}`, false},
+		{"llama.cpp grammar", request.Completion, `{"prompt":"Hi","grammar":"root ::= \"a\""}`, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
