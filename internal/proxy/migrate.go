@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/jsonscan"
@@ -155,9 +156,21 @@ func continuation(ep request.Endpoint, body []byte, rec *sse.Record) (out []byte
 // rejectsContinuation reports whether a backend's status to a continuation
 // says it cannot continue a message (an engine without
 // continue_final_message, a model whose template refuses it): it is then
-// not asked again.
+// not asked again for noContinueFor.
 func rejectsContinuation(status int) bool {
 	return status == http.StatusBadRequest || status == http.StatusNotFound || status == http.StatusUnprocessableEntity
+}
+
+// noContinueFor is how long a backend that refused a continuation is not
+// asked for another: long enough that a fleet of engines without it does
+// not pay a refusal per cut stream, short enough that an upgraded engine,
+// or a refusal for another reason, is forgotten.
+const noContinueFor = 10 * time.Minute
+
+// refusesContinuation reports whether b refused a continuation lately.
+func (p *Proxy) refusesContinuation(b *fleet.Backend) bool {
+	at, ok := p.noContinue.Load(b)
+	return ok && p.now().Sub(at.(time.Time)) < noContinueFor
 }
 
 // migrate carries c, whose stream at t's backend was cut (f) after its
@@ -201,7 +214,7 @@ func (p *Proxy) migrate(w http.ResponseWriter, r *http.Request, c *call, t *rout
 				return
 			}
 			if f2.kind == "status" && rejectsContinuation(f2.status) {
-				p.noContinue.Store(next.Backend, true)
+				p.noContinue.Store(next.Backend, p.now())
 			}
 			t = next
 			continue
@@ -242,7 +255,7 @@ func (p *Proxy) nextContinuation(r *http.Request, c *call, cands []*fleet.Backen
 	p.router.Estimate(&g.Request)
 	live := make([]*fleet.Backend, 0, len(cands))
 	for _, b := range cands {
-		if _, no := p.noContinue.Load(b); !no {
+		if !p.refusesContinuation(b) {
 			live = append(live, b)
 		}
 	}

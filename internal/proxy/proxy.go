@@ -176,8 +176,9 @@ type Proxy struct {
 	// every core.
 	stopShards [stopShardCount]stopShard
 	draining   atomic.Bool
-	// noContinue holds the backends (*fleet.Backend) that refused to
-	// continue a message: no stream is migrated to them (migrate.go).
+	// noContinue holds when each backend (*fleet.Backend) last refused to
+	// continue a message: no stream is migrated to it for a while
+	// (migrate.go).
 	noContinue    sync.Map
 	sessionHeader string
 	transport     http.RoundTripper
