@@ -34,6 +34,7 @@ type serveConfig struct {
 	stdlibUpstream bool // hardenflags.go
 	netConnIO      bool // hardenflags.go
 	gcFloorMiB     int  // hardenflags.go
+	migrate        bool // hardenflags.go
 	backends       []*fleet.Backend
 	fleet          fleet.Options
 	discovery      discoveryConfig
@@ -200,13 +201,17 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	// On the command line 0 means none; in the Go configs it means the
 	// default.
 	for _, d := range []*time.Duration{&sc.DrainDelay, &sc.Grace, &sc.ReadHeaderTimeout, &sc.IdleTimeout,
-		&cfg.resilience.FirstTokenFloor, &cfg.resilience.StreamIdleTimeout, &cfg.resilience.ResponseTimeout, &cfg.resilience.BodyReadTimeout} {
+		&cfg.resilience.FirstTokenFloor, &cfg.resilience.StreamIdleTimeout, &cfg.resilience.ResponseTimeout, &cfg.resilience.BodyReadTimeout,
+		&cfg.resilience.ResponseFloor} {
 		if *d == 0 {
 			*d = -1
 		}
 	}
+	if !cfg.migrate {
+		cfg.resilience.MaxMigrations = -1
+	}
 	ej := &cfg.fleet.Outlier
-	for _, n := range []*int{&sc.MaxConns, &cfg.overload.MaxPerBackend, &cfg.overload.Admission.MaxInFlight, &cfg.overload.Admission.MaxQueue,
+	for _, n := range []*int{&cfg.resilience.MaxMigrations, &sc.MaxConns, &cfg.overload.MaxPerBackend, &cfg.overload.Admission.MaxInFlight, &cfg.overload.Admission.MaxQueue,
 		&ej.ConsecutiveGatewayErrors, &ej.Consecutive5xx, &ej.ConsecutiveTimeouts, &ej.ConsecutiveSlow, &ej.MaxEjectionPercent} {
 		if *n == 0 {
 			*n = -1

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/tokenizer"
 )
 
 var _ http.Handler = (*Server)(nil)
@@ -115,13 +116,13 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	prompt, e := chatPrompt(&req)
+	prompt, pos, e := chatPrompt(&req)
 	if e != nil {
 		writeError(w, e)
 		return
 	}
 	x.faults = f
-	s.serve(w, r, x, prompt, "messages")
+	s.serve(w, r, x, prompt, pos, "messages")
 }
 
 func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
@@ -146,7 +147,9 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x.faults = f
-	s.serve(w, r, x, prompt, "prompt")
+	// A prompt that ends in a reply under way (a cut completion re-sent
+	// with its text so far) continues that reply.
+	s.serve(w, r, x, prompt, tokenizer.ReplyStart(s.seed, prompt), "prompt")
 }
 
 // exchange is what a handler knows about the response it is producing.
@@ -202,9 +205,10 @@ func (s *Server) prepare(model string, n *int, stream bool, opts *streamOptions,
 	return x, nil
 }
 
-// serve runs prompt through the engine and writes the response.
-func (s *Server) serve(w http.ResponseWriter, r *http.Request, x *exchange, prompt []int32, what string) {
-	c, e := s.newCall(prompt, x.maxTokens, what)
+// serve runs prompt, whose last pos tokens are a reply under way, through
+// the engine and writes the response.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, x *exchange, prompt []int32, pos int, what string) {
+	c, e := s.newCall(prompt, pos, x.maxTokens, what)
 	if e != nil {
 		writeError(w, e)
 		return

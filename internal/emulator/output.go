@@ -17,12 +17,16 @@ const (
 	maxNaturalTokens = 512
 )
 
-// newCall plans the request for prompt: its output (maxTokens tokens, or a
-// natural length ending with EOT when maxTokens is nil) and the block hashes
-// of the whole sequence. what names the prompt in error messages.
-func (s *Server) newCall(prompt []int32, maxTokens *int, what string) (*call, *openai.Error) {
+// newCall plans the request for prompt, whose last pos tokens are a reply
+// under way (0: none): its output (maxTokens tokens, or a natural length
+// ending with EOT when maxTokens is nil) and the block hashes of the whole
+// sequence. The reply is a function of the prompt before it and of the
+// position alone: the tokens from pos on of the reply the server gives that
+// prompt, so that continuing a cut reply yields exactly its rest. what
+// names the prompt in error messages.
+func (s *Server) newCall(prompt []int32, pos int, maxTokens *int, what string) (*call, *openai.Error) {
 	limit := s.profile.MaxModelLen
-	seed := s.outputSeed(prompt)
+	seed := s.outputSeed(prompt[:len(prompt)-pos])
 	c := &call{notify: make(chan struct{}, 1)}
 	var ids []int32
 	switch {
@@ -31,19 +35,21 @@ func (s *Server) newCall(prompt []int32, maxTokens *int, what string) (*call, *o
 			return nil, contextTooLong(limit, len(prompt), *maxTokens, what)
 		}
 		c.total = *maxTokens
-		ids, c.pieces = tokenizer.Generate(seed, c.total)
+		ids, c.pieces = generateFrom(seed, pos, c.total)
 	case len(prompt) >= limit:
 		return nil, contextTooLong(limit, len(prompt), 1, what)
 	default:
-		c.total = naturalLength(seed)
+		// The natural reply's length counts from the reply's start: what
+		// is under way is part of it. At least the EOT is left.
+		c.total = max(naturalLength(seed)-pos, 1)
 		if room := limit - len(prompt); c.total > room {
 			// Cut off by the context, as vLLM would: no EOT, "length".
 			c.total = room
-			ids, c.pieces = tokenizer.Generate(seed, c.total)
+			ids, c.pieces = generateFrom(seed, pos, c.total)
 			break
 		}
 		c.stop = true
-		ids, c.pieces = tokenizer.Generate(seed, c.total-1)
+		ids, c.pieces = generateFrom(seed, pos, c.total-1)
 		ids = append(ids, tokenizer.EOT)
 	}
 	seq := append(prompt[:len(prompt):len(prompt)], ids...)
@@ -54,6 +60,16 @@ func (s *Server) newCall(prompt []int32, maxTokens *int, what string) (*call, *o
 		BlockHashes: engine.HashTokens(nil, seq, s.profile.BlockSize),
 	}
 	return c, nil
+}
+
+// generateFrom returns the n tokens of the reply seeded seed from position
+// pos on.
+func generateFrom(seed uint64, pos, n int) ([]int32, []string) {
+	if n <= 0 {
+		return nil, nil
+	}
+	ids, pieces := tokenizer.Generate(seed, pos+n)
+	return ids[pos:], pieces[pos:]
 }
 
 // contextTooLong is vLLM's error for a request longer than the model's

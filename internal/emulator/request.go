@@ -25,14 +25,18 @@ type streamOptions struct {
 
 // chatRequest is the part of an OpenAI chat completion request the emulator
 // reads; other fields (temperature, tools, ...) are accepted and ignored.
+// AddGenerationPrompt (default true) and ContinueFinalMessage are vLLM's
+// chat template switches.
 type chatRequest struct {
-	Model               string         `json:"model"`
-	Messages            []chatMessage  `json:"messages"`
-	MaxTokens           *int           `json:"max_tokens"`
-	MaxCompletionTokens *int           `json:"max_completion_tokens"`
-	N                   *int           `json:"n"`
-	Stream              bool           `json:"stream"`
-	StreamOptions       *streamOptions `json:"stream_options"`
+	Model                string         `json:"model"`
+	Messages             []chatMessage  `json:"messages"`
+	MaxTokens            *int           `json:"max_tokens"`
+	MaxCompletionTokens  *int           `json:"max_completion_tokens"`
+	N                    *int           `json:"n"`
+	Stream               bool           `json:"stream"`
+	StreamOptions        *streamOptions `json:"stream_options"`
+	AddGenerationPrompt  *bool          `json:"add_generation_prompt"`
+	ContinueFinalMessage bool           `json:"continue_final_message"`
 }
 
 // chatMessage is one message; content is a string, an array of parts or null.
@@ -141,13 +145,36 @@ type namedLimit struct {
 	value *int
 }
 
-// chatPrompt validates a chat request and renders its prompt tokens.
-func chatPrompt(req *chatRequest) ([]int32, *openai.Error) {
+// chatPrompt validates a chat request and renders its prompt tokens, and
+// returns how many of them, at the end, are a reply under way: the content
+// of a final assistant message that continue_final_message leaves open, as
+// vLLM renders it (the template without the message's end of turn and with
+// no generation prompt). The reply then goes on from there, so that a
+// request continuing a cut reply gets exactly the rest of it (newCall).
+func chatPrompt(req *chatRequest) (prompt []int32, pos int, e *openai.Error) {
 	msgs, e := chatMessages(req.Messages)
 	if e != nil {
-		return nil, e
+		return nil, 0, e
 	}
-	return tokenizer.EncodeChat(nil, msgs, true), nil
+	addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
+	if !req.ContinueFinalMessage {
+		return tokenizer.EncodeChat(nil, msgs, addGen), 0, nil
+	}
+	if addGen {
+		// vLLM's check_generation_prompt.
+		return nil, 0, badRequest("continue_final_message",
+			"Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+	}
+	last := msgs[len(msgs)-1]
+	if last.Role != "assistant" {
+		// An open message of another role: no reply under way.
+		prompt = tokenizer.EncodeChat(nil, msgs[:len(msgs)-1], false)
+		return tokenizer.EncodeOpen(prompt, last), 0, nil
+	}
+	prompt = tokenizer.EncodeChat(nil, msgs[:len(msgs)-1], true)
+	n := len(prompt)
+	prompt = tokenizer.Encode(prompt, last.Content)
+	return prompt, len(prompt) - n, nil
 }
 
 // chatMessages validates a request's messages and returns their text.

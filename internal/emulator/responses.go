@@ -118,7 +118,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 				conv: append(conv, tokenizer.Message{Role: "assistant", Content: strings.Join(c.pieces, "")})})
 		}
 	}
-	s.serve(w, r, x, tokenizer.EncodeChat(nil, conv, true), "input")
+	s.serve(w, r, x, tokenizer.EncodeChat(nil, conv, true), 0, "input")
 }
 
 // responsesConversation renders a request as chat messages: the

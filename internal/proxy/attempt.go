@@ -61,6 +61,7 @@ var (
 	errFirstTokenTimeout = errors.New("no first token before the deadline")
 	errIdleTimeout       = errors.New("the stream was idle past the timeout")
 	errShutdown          = errors.New("kvroute is shutting down")
+	errIncomplete        = errors.New("the stream ended with no finish_reason and no [DONE]")
 )
 
 // attempt forwards c to t's backend and copies the response to w. It
@@ -98,13 +99,16 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 		case r.Context().Err() != nil:
 			a.status = statusClientClosed
 			return nil, false
+		case cause == errShutdown && c.splice != nil:
+			a.fail = ""
+			return &failure{kind: "reset", err: cause}, false
 		case cause == errShutdown:
 			a.status = statusLabel(http.StatusServiceUnavailable)
 			p.setRouteHeaders(w, &t.Decision)
 			writeError(w, openai.Unavailable("kvroute is shutting down; retry"))
 			return nil, false
 		case cause == errFirstTokenTimeout:
-			p.metrics.timeouts.WithLabelValues(b.Name, "first_token").Inc()
+			p.metrics.timeouts.WithLabelValues(b.Name, timeoutKind(c)).Inc()
 			a.fail = "timeout"
 			return &failure{kind: "timeout", err: cause}, false
 		case isDialError(err):
@@ -124,15 +128,23 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	if res.StatusCode == http.StatusTooManyRequests {
 		p.fleet.Backoff(b, time.Now().Add(cmp.Or(wait, backoffFor)))
 	}
-	if canRetry && retriableStatus(res.StatusCode) || c.holdable && res.StatusCode == http.StatusTooManyRequests {
+	if canRetry && retriableStatus(res.StatusCode) || c.holdable && res.StatusCode == http.StatusTooManyRequests ||
+		c.splice != nil && res.StatusCode/100 != 2 { // a continuation's answer never goes to the client as it is
 		p.metrics.failures.WithLabelValues(b.Name, "status").Inc()
 		return &failure{kind: "status", status: res.StatusCode, retryAfter: wait}, false
 	}
 	a.status = statusLabel(res.StatusCode)
-	a.hw = heldWriter{ResponseWriter: w, status: res.StatusCode, header: res.Header, onSend: a}
+	// A continuation's headers went with the stream's first backend's.
+	a.hw = heldWriter{ResponseWriter: w, status: res.StatusCode, header: res.Header, onSend: a, sent: c.splice != nil}
 	hw := &a.hw
 	p.setRouteHeaders(w, &t.Decision)
 	stream, announced := responseHeaders(res)
+	if c.splice != nil && !stream {
+		// A continuation that is not a stream cannot be spliced into one.
+		a.status, a.out.Status, a.fail = "", 0, "read"
+		p.metrics.failures.WithLabelValues(b.Name, "status").Inc()
+		return &failure{kind: "status", status: res.StatusCode}, false
+	}
 	if res.StatusCode/100 != 2 || res.ContentLength == 0 {
 		hw.send() // an error or an empty body: nothing to wait for
 	}
@@ -141,9 +153,16 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 	a.body = idleReader{r: res.Body, a: a}
 	body := &a.body
 	if stream {
-		a.sc = sse.Scanner{HideUsage: c.hideUsage}
+		a.sc = sse.Scanner{HideUsage: c.hideUsage, Rec: c.rec}
 		sc := &a.sc
-		readErr, writeErr = a.ec.Copy(hw, body, sc, a)
+		var dst http.ResponseWriter = hw
+		if c.splice != nil {
+			dst = c.splice // splice.go: into the stream another backend began
+		}
+		readErr, writeErr = a.ec.Copy(dst, body, sc, a)
+		if readErr == nil && c.rec != nil && !sc.Done && !c.rec.Finished {
+			readErr = errIncomplete
+		}
 		a.out.Tokens, a.out.ResponseID = sc.Tokens, sc.ResponseID
 		if sc.SawUsage {
 			a.setUsage(sc.Usage)
@@ -197,9 +216,10 @@ func (a *attempt) brokeOff(hw *heldWriter, cause, err error, stream, canRetry bo
 	} else if kind == "shutdown" {
 		a.fail = ""
 	}
-	if !hw.sent {
+	sent := hw.sent && (a.c.splice == nil || !a.c.splice.firstAt.IsZero())
+	if !sent {
 		a.out.Status = 0 // nothing usable came back
-		if canRetry && kind != "shutdown" {
+		if canRetry && kind != "shutdown" || a.c.splice != nil {
 			f := &failure{kind: "reset", err: err}
 			if kind == "first_token" || kind == "idle" {
 				f = &failure{kind: "timeout", err: cause}
@@ -220,14 +240,49 @@ func (a *attempt) brokeOff(hw *heldWriter, cause, err error, stream, canRetry bo
 	}
 	// A stream under way ends with an OpenAI-shaped error event and the
 	// end-of-stream marker, as vLLM ends a stream that fails: the client
-	// sees why, and its stream ends cleanly rather than being cut.
+	// sees why, and its stream ends cleanly rather than being cut. It
+	// first tries to continue on another backend (migrate.go).
+	if f := a.cut(kind, err, e); f != nil {
+		return f, false
+	}
 	p.log.Warn("stream cut, ending it with an error event", "request_id", a.c.id, "backend", b.Name, "reason", kind, "err", err)
-	ev := e.AppendEvent(make([]byte, 0, 256))
-	ev = append(ev, "data: [DONE]\n\n"...)
-	if _, werr := hw.Write(ev); werr == nil {
+	if _, werr := hw.Write(cutEvent(e)); werr == nil {
 		_ = hw.FlushError()
 	}
 	return nil, false
+}
+
+// cut returns the failure of a stream cut after its first bytes (kind, err
+// as brokeOff has them) that may continue on another backend; nil when it
+// cannot (not recorded for it, or kvroute is stopping).
+func (a *attempt) cut(kind string, err error, e *apiError) *failure {
+	rec := a.c.rec
+	if rec == nil || (kind != "read" && kind != "idle") {
+		return nil
+	}
+	f := &failure{kind: "reset", err: err, cut: true, cause: causeReset, at: a.p.now(), event: cutEvent(e)}
+	a.out.Status = e.Status // the ticket finishes as failed: no pin to a response cut short
+	switch {
+	case kind == "idle":
+		f.kind, f.cause = "timeout", causeIdle
+	case errors.Is(err, sse.ErrErrorEvent):
+		// The backend's own error event ends the stream if it cannot
+		// continue.
+		f.cause = causeErrorEvent
+		f.event = append(append(append([]byte("data: "), rec.Failed...), "\n\n"...), "data: [DONE]\n\n"...)
+	case errors.Is(err, errIncomplete):
+		f.cause = causeIncomplete
+	}
+	return f
+}
+
+// timeoutKind is the kvroute_timeouts_total kind of c's first deadline:
+// a stream's first token, or a non-streamed response's answer.
+func timeoutKind(c *call) string {
+	if c.stream {
+		return "first_token"
+	}
+	return "response"
 }
 
 // FirstToken marks the first content of the response: the backend is done

@@ -15,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/sse"
 )
 
 // call is one client request on its way to a backend.
@@ -44,6 +45,13 @@ type call struct {
 	// model is the request's model, "" if it named none the candidates
 	// serve: the model label of its metrics.
 	model string
+	// rec records the stream for its continuation elsewhere should its
+	// backend fail mid-way (migrate.go); nil when it cannot continue.
+	rec *sse.Record
+	// splice is set once the stream continues on another backend: the
+	// attempts write through it; migrations counts them.
+	splice     *splice
+	migrations int
 }
 
 // forward sends c to a backend picked among cands and copies the response
@@ -58,6 +66,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 	defer p.budget.active.Add(-1)
 	var last *failure
 	var lastTicket *router.Ticket
+	var failed []*fleet.Backend // the backends tried in vain, which a cut stream does not go back to
 	for n := 1; ; n++ {
 		t, e := p.tracedRoute(r.Context(), c, cands) // tracing.go: p.route in a span
 		if e != nil {
@@ -83,6 +92,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 		if f == nil {
 			return
 		}
+		if f.cut {
+			p.migrate(w, r, c, t, f, failed) // migrate.go
+			return
+		}
+		failed = append(failed, t.Backend)
 		last, lastTicket = f, t
 		cands = router.Without(cands, t.Backend)
 		if f.kind == "status" && f.status == http.StatusTooManyRequests && !more && c.holdable {
@@ -141,6 +155,14 @@ type failure struct {
 	// retryAfter is the backend's Retry-After, for a 429 or 503.
 	retryAfter time.Duration
 	err        error
+	// cut is set when the failure came after the stream's first bytes
+	// reached the client, and it may continue elsewhere (migrate.go):
+	// cause says how (a kvroute_migrations_total cause), at when, and
+	// event is what ends the client's stream if it cannot.
+	cut   bool
+	cause string
+	at    time.Time
+	event []byte
 }
 
 // retriableStatus reports whether a backend's status means it did not

@@ -33,6 +33,10 @@ type metrics struct {
 	cut       *prometheus.CounterVec // backend, reason
 	deadline  prometheus.Counter
 	upstream  *prometheus.CounterVec // event: the lean path's connections (internal/upstream)
+	// Migrations of cut streams (migrate.go).
+	migrations   *prometheus.CounterVec // cause, outcome
+	reprefilled  prometheus.Counter
+	migrationGap prometheus.Histogram
 }
 
 // Buckets in seconds. TTFT runs from a cached short prompt (milliseconds) to
@@ -78,7 +82,7 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 			`Requests sent to another backend after this one failed before answering, by reason: "dial", "reset", "timeout" (no first token in time) or "status" (429, 502, 503, 504).`,
 			[]string{"backend", "reason"}),
 		timeouts: counter("kvroute_timeouts_total",
-			`Attempts ended by a timeout, by kind: "first_token" (no first token by the deadline) or "idle" (a response stalled).`,
+			`Attempts ended by a timeout, by kind: "first_token" (no first token by the deadline), "response" (a non-streamed response not answered by its deadline) or "idle" (a response stalled).`,
 			[]string{"backend", "kind"}),
 		cut: counter("kvroute_responses_cut_total",
 			`Responses cut short after part of them reached the client, by reason: "read" (the backend failed), "first_token", "idle" or "shutdown". Streams end with an error event.`,
@@ -86,15 +90,28 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 		upstream: upstream.NewConnCounter(),
 		deadline: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_deadline_refused_total",
 			Help: "Requests refused at once because the best backend's predicted time to first token missed their deadline."}),
+		migrations: counter("kvroute_migrations_total",
+			`Streams whose backend failed after their first bytes, sent on to another backend to continue, by cause ("reset", "idle", "error_event", "incomplete") and outcome ("continued", "finished": every allowed token was sent and kvroute wrote the end, "failed": that backend failed before its first token, "unsafe", "limit", "no_backend": the stream ended with the error event).`,
+			[]string{"cause", "outcome"}),
+		reprefilled: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_migration_prefill_tokens_total",
+			Help: "Prompt tokens of the continuations sent (the original prompt and the text sent so far, as estimated), which their backends prefill again."}),
+		migrationGap: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvroute_migration_gap_seconds",
+			Help: "Time from a stream's cut to its continuation's first token reaching the client.", Buckets: ttftBuckets}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.ttft, m.e2e, m.predicted, m.reported,
-		m.prompt, m.decision, m.failures, m.retries, m.timeouts, m.cut, m.deadline, m.upstream, newLoadCollector(f)} {
+		m.prompt, m.decision, m.failures, m.retries, m.timeouts, m.cut, m.deadline, m.upstream,
+		m.migrations, m.reprefilled, m.migrationGap, newLoadCollector(f)} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
 				return nil, fmt.Errorf("proxy: metrics already registered (one Proxy per registry): %w", err)
 			}
 			return nil, fmt.Errorf("proxy: register metrics: %w", err)
+		}
+	}
+	for _, cause := range migrationCauses {
+		for _, outcome := range migrationOutcomes {
+			m.migrations.WithLabelValues(cause, outcome)
 		}
 	}
 	// The backends known at start with the models they serve get their
@@ -119,7 +136,7 @@ func newMetrics(reg prometheus.Registerer, f Fleet) (*metrics, error) {
 var (
 	failureKinds = []string{"dial", "request", "status", "read"}
 	retryReasons = []string{"dial", "reset", "timeout", "status", "held"}
-	timeoutKinds = []string{"first_token", "idle"}
+	timeoutKinds = []string{"first_token", "response", "idle"}
 	cutReasons   = []string{"read", "first_token", "idle", "shutdown"}
 )
 

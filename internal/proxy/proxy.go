@@ -174,8 +174,12 @@ type Proxy struct {
 	// registers on one by a random pick: each registration takes its
 	// shard's lock, which would otherwise be one lock for every attempt of
 	// every core.
-	stopShards    [stopShardCount]stopShard
-	draining      atomic.Bool
+	stopShards [stopShardCount]stopShard
+	draining   atomic.Bool
+	// noContinue holds when each backend (*fleet.Backend) last refused to
+	// continue a message: no stream is migrated to it for a while
+	// (migrate.go).
+	noContinue    sync.Map
 	sessionHeader string
 	transport     http.RoundTripper
 	log           *slog.Logger

@@ -20,6 +20,21 @@ const (
 	// DefaultResponseTimeout bounds the wait for a non-streamed response's
 	// headers, which a backend sends only when the whole generation is done.
 	DefaultResponseTimeout = 10 * time.Minute
+	// DefaultResponseFloor and DefaultResponseFactor make a non-streamed
+	// request's deadline floor + factor × its predicted end-to-end time,
+	// the TTFT's deadline with the generation added: a hung backend is
+	// noticed as a stream's would be, plus the answer's own time
+	// (docs/decisions/0015-non-streamed-deadline.md).
+	DefaultResponseFloor  = 15 * time.Second
+	DefaultResponseFactor = 4.0
+	// DefaultResponseTokenTime is the time per output token the predicted
+	// end-to-end time assumes: slow on purpose (20 tokens a second, a small
+	// model on CPUs or a batch of hundreds), so that only a hung backend
+	// misses it.
+	DefaultResponseTokenTime = 50 * time.Millisecond
+	// DefaultResponseTokens is the output length assumed for a request
+	// that sets no max_tokens.
+	DefaultResponseTokens = 1024
 	// DefaultMaxAttempts is how many backends one request may try before
 	// its first byte reaches the client.
 	DefaultMaxAttempts = 3
@@ -30,6 +45,11 @@ const (
 	// of active requests; a backend's death fails a third of them at once.)
 	DefaultRetryBudget    = 0.5
 	DefaultRetryBudgetMin = 3
+	// DefaultMaxMigrations is how many times one stream may continue on
+	// another backend after its backend failed mid-way: a fleet that loses
+	// a backend, then the one that took the stream over, still finishes
+	// it; past that the fleet is failing as a whole.
+	DefaultMaxMigrations = 2
 	// DefaultBodyReadTimeout bounds reading a request's body: 32 MiB at
 	// a slow client's 1 MB/s, and no slow-body connection held forever.
 	DefaultBodyReadTimeout = 60 * time.Second
@@ -46,8 +66,17 @@ type Resilience struct {
 	// this long after the first token.
 	StreamIdleTimeout time.Duration
 	// ResponseTimeout bounds the wait for a non-streamed response's first
-	// byte.
+	// byte, whatever its deadline below.
 	ResponseTimeout time.Duration
+	// ResponseFloor and ResponseFactor give a non-streamed chat or
+	// completion its deadline for the answer's first byte: floor + factor
+	// × its predicted end-to-end time, the predicted TTFT plus its output
+	// tokens (max_tokens, or DefaultResponseTokens) at ResponseTokenTime
+	// each. Past it nothing has reached the client, so it is retried.
+	// A negative floor leaves ResponseTimeout alone.
+	ResponseFloor     time.Duration
+	ResponseFactor    float64
+	ResponseTokenTime time.Duration
 	// MaxAttempts bounds the backends a request tries.
 	MaxAttempts int
 	// RetryBudget is the fraction of requests in flight that may be
@@ -56,6 +85,9 @@ type Resilience struct {
 	RetryBudgetMin int
 	// BodyReadTimeout bounds reading a request body.
 	BodyReadTimeout time.Duration
+	// MaxMigrations bounds how many times a stream cut after its first
+	// bytes continues on another backend (migrate.go); negative: never.
+	MaxMigrations int
 }
 
 func (r Resilience) withDefaults() Resilience {
@@ -67,6 +99,11 @@ func (r Resilience) withDefaults() Resilience {
 	def(&r.FirstTokenFloor, DefaultFirstTokenFloor)
 	def(&r.StreamIdleTimeout, DefaultStreamIdleTimeout)
 	def(&r.ResponseTimeout, DefaultResponseTimeout)
+	def(&r.ResponseFloor, DefaultResponseFloor)
+	def(&r.ResponseTokenTime, DefaultResponseTokenTime)
+	if r.ResponseFactor == 0 {
+		r.ResponseFactor = DefaultResponseFactor
+	}
 	def(&r.BodyReadTimeout, DefaultBodyReadTimeout)
 	if r.FirstTokenFactor == 0 {
 		r.FirstTokenFactor = DefaultFirstTokenFactor
@@ -76,6 +113,9 @@ func (r Resilience) withDefaults() Resilience {
 	}
 	if r.RetryBudget == 0 {
 		r.RetryBudget = DefaultRetryBudget
+	}
+	if r.MaxMigrations == 0 {
+		r.MaxMigrations = DefaultMaxMigrations
 	}
 	if r.RetryBudgetMin == 0 {
 		r.RetryBudgetMin = DefaultRetryBudgetMin

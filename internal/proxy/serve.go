@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/sse"
 )
 
 // serveGeneration serves a chat, completion or Responses API request:
@@ -48,6 +49,9 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep reque
 		// backend had cached; the client will not see it. (A Responses
 		// API stream always ends with its usage, in response.completed.)
 		c.body, c.hideUsage = request.WithIncludeUsage(body)
+	}
+	if g.Stream && p.res.MaxMigrations > 0 && continuable(ep, body) {
+		c.rec = new(sse.Record) // migrate.go: its stream may continue elsewhere
 	}
 	cands, e := p.candidates(w, g.Request.Model)
 	if e != nil {

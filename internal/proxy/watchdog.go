@@ -11,19 +11,48 @@ import (
 // firstTokenDeadline is how long t's attempt may take to its first token:
 // for a stream, the floor plus the factor times the predicted TTFT (or one
 // at fallbackPrefillRate); for a non-streamed response, whose headers come
-// with its end, the response timeout.
+// with its end, responseDeadline.
 func (p *Proxy) firstTokenDeadline(c *call, t *router.Ticket) time.Duration {
 	if !c.stream {
-		return p.res.ResponseTimeout
+		return p.responseDeadline(c, t)
 	}
 	if p.res.FirstTokenFloor < 0 {
 		return -1
 	}
+	return p.res.FirstTokenFloor + time.Duration(p.res.FirstTokenFactor*float64(predictedTTFT(c, t)))
+}
+
+// predictedTTFT is the policy's predicted TTFT for t, or the prompt at
+// fallbackPrefillRate when it predicts none.
+func predictedTTFT(c *call, t *router.Ticket) time.Duration {
 	predicted := t.PredictedTTFT
 	if predicted <= 0 && c.req != nil {
 		predicted = time.Duration(float64(c.req.PromptTokens) / fallbackPrefillRate * float64(time.Second))
 	}
-	return p.res.FirstTokenFloor + time.Duration(p.res.FirstTokenFactor*float64(predicted))
+	return predicted
+}
+
+// responseDeadline is how long a non-streamed response may take to its
+// first byte, which comes with its end: floor + factor × the predicted
+// end-to-end time (predicted TTFT, then the output at ResponseTokenTime a
+// token), within the response timeout. Requests the policy does not route
+// (embeddings and others) get the response timeout
+// (docs/decisions/0015-non-streamed-deadline.md).
+func (p *Proxy) responseDeadline(c *call, t *router.Ticket) time.Duration {
+	limit := p.res.ResponseTimeout
+	if c.req == nil || p.res.ResponseFloor < 0 {
+		return limit
+	}
+	out := c.req.MaxTokens
+	if out <= 0 {
+		out = DefaultResponseTokens
+	}
+	e2e := predictedTTFT(c, t) + time.Duration(out)*p.res.ResponseTokenTime
+	d := p.res.ResponseFloor + time.Duration(p.res.ResponseFactor*float64(e2e))
+	if limit >= 0 && limit < d {
+		return limit
+	}
+	return d
 }
 
 // fallbackPrefillRate is the prefill speed, in tokens a second, assumed for

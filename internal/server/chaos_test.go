@@ -186,12 +186,17 @@ func checkNothingLost(t *testing.T, outs []outcome) (cut int) {
 	return cut
 }
 
-// SIGKILL of one of three backends under 200 streams: no request that had
-// not received a byte fails, every stream cut ends with the error event.
+// noMigration turns the migration of cut streams off (migrate_test.go
+// tests it), so that the error event that ends a cut stream is tested.
+func noMigration(c *Config) { c.Proxy.Resilience.MaxMigrations = -1 }
+
+// SIGKILL of one of three backends under 200 streams, without migration:
+// no request that had not received a byte fails, every stream cut ends
+// with the error event.
 func TestChaosKill(t *testing.T) {
 	emus := testfleet.Start(t, 3, "--seed", "1")
 	base := baseline()
-	s := startRouter(t, emus, func(c *Config) { c.Proxy.Resilience.FirstTokenFloor = patience })
+	s := startRouter(t, emus, func(c *Config) { c.Proxy.Resilience.FirstTokenFloor = patience }, noMigration)
 	outs := many(s.URL, 200, 300, func() {
 		waitFor(t, func() bool { return inflight(s, 0) > 10 })
 		time.Sleep(500 * time.Millisecond) // under way: past their first tokens
@@ -246,11 +251,11 @@ func TestChaosHang(t *testing.T) {
 	}
 }
 
-// A SIGSTOPped backend's streams end with the error event within the idle
-// timeout; the others finish.
+// Without migration, a SIGSTOPped backend's streams end with the error
+// event within the idle timeout; the others finish.
 func TestChaosStop(t *testing.T) {
 	emus := testfleet.Start(t, 3, "--seed", "4")
-	s := startRouter(t, emus)
+	s := startRouter(t, emus, noMigration)
 	var stoppedAt time.Time
 	outs := many(s.URL, 30, 400, func() {
 		waitFor(t, func() bool { return inflight(s, 0) > 3 })

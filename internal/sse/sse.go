@@ -80,6 +80,10 @@ type Scanner struct {
 	// ResponseID is the Responses API response's id, from the first event
 	// that carries the response object (response.created).
 	ResponseID string
+	// Rec, when not nil, records what a stream that may have to continue
+	// elsewhere needs (record.go); it then also stops the copy at the
+	// backend's error event rather than forwarding it.
+	Rec *Record
 }
 
 // inspect examines one complete event (its lines and the blank line that
@@ -116,6 +120,7 @@ func (s *Scanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 		var choices, typ, delta, resp []byte
 		var use jsonscan.Member
 		hasUse := false
+		var id ident // for Rec
 		for m := range jsonscan.Members(data) {
 			switch {
 			case m.Is("choices"):
@@ -128,7 +133,12 @@ func (s *Scanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 				delta = data[m.Val:m.End]
 			case m.Is("response"):
 				resp = data[m.Val:m.End]
+			case s.Rec != nil:
+				id.note(m, data)
 			}
+		}
+		if s.Rec != nil && s.Rec.note(data, &id, choices) {
+			return true, 0, 0 // the backend's error event: the copy stops
 		}
 		if hasContent(choices) || isResponseDelta(typ, delta) {
 			s.Tokens++
@@ -304,6 +314,9 @@ func (ec *Copier) Copy(w http.ResponseWriter, src io.Reader, sc *Scanner, onFirs
 		if err != nil {
 			return nil, err
 		}
+		if ec.sc.failed() {
+			return ErrErrorEvent, Flush(rc)
+		}
 		if rerr != nil {
 			if !errors.Is(rerr, io.EOF) {
 				return rerr, nil
@@ -335,6 +348,9 @@ type Copier struct {
 	// flush; werr is the client's write error that stopped the push.
 	unflushed bool
 	werr      error
+	// rerr is the backend's failure that stopped the push: its error
+	// event (with Scanner.Rec).
+	rerr error
 }
 
 var _ upstream.Sink = (*Copier)(nil)
@@ -357,6 +373,10 @@ func (ec *Copier) Space() ([]byte, error) {
 func (ec *Copier) Took(n int, more bool) error {
 	ec.tail += n
 	wrote, err := ec.forward()
+	if err == nil && ec.sc.failed() {
+		ec.rerr = ErrErrorEvent
+		return ec.rerr
+	}
 	if err == nil {
 		ec.unflushed = ec.unflushed || wrote
 		if ec.unflushed && !more {
@@ -373,6 +393,8 @@ func (ec *Copier) Took(n int, more bool) error {
 // body ended with them): they go out with the response's end.
 func (ec *Copier) endPush(err error) (readErr, writeErr error) {
 	switch {
+	case ec.rerr != nil:
+		return ec.rerr, Flush(ec.rc)
 	case ec.werr != nil:
 		return nil, ec.werr
 	case err != nil:
@@ -452,6 +474,12 @@ func (ec *Copier) forward() (wrote bool, err error) {
 			run = end
 		}
 		ec.head, wrote = end, wrote || !drop
+		if drop && ec.sc.failed() {
+			// Nothing after the backend's error event goes out: the
+			// stream continues elsewhere, or ends with kvroute's own.
+			ec.head, ec.tail, ec.scan, run = 0, 0, 0, 0
+			return wrote, nil
+		}
 	}
 	if err := ec.write(run, ec.head, ec.sc.Tokens); err != nil {
 		return false, err

@@ -402,19 +402,27 @@ func FuzzEventStream(f *testing.F) {
 // intSink keeps the benchmark's result alive.
 var intSink int
 
-// BenchmarkInspect is the scan of one streamed chunk.
+// BenchmarkInspect is the scan of one streamed chunk, recorded for a
+// continuation elsewhere (record.go) or not.
 func BenchmarkInspect(b *testing.B) {
 	ev := []byte(`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n")
 	for _, hide := range []bool{false, true} {
-		b.Run("hide="+strconv.FormatBool(hide), func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(ev)))
-			s := Scanner{HideUsage: hide}
-			for b.Loop() {
-				_, from, to := s.inspect(ev)
-				intSink = from + to
-			}
-		})
+		for _, record := range []bool{false, true} {
+			b.Run("hide="+strconv.FormatBool(hide)+"/record="+strconv.FormatBool(record), func(b *testing.B) {
+				b.ReportAllocs()
+				b.SetBytes(int64(len(ev)))
+				s := Scanner{HideUsage: hide}
+				rec := new(Record)
+				if record {
+					s.Rec = rec
+				}
+				for b.Loop() {
+					_, from, to := s.inspect(ev)
+					intSink = from + to
+					rec.Text = rec.Text[:0] // a stream's text, not the benchmark's
+				}
+			})
+		}
 	}
 }
 

@@ -41,6 +41,13 @@ func EncodeChat(dst []int32, msgs []Message, addGenerationPrompt bool) []int32 {
 	return dst
 }
 
+// EncodeOpen appends m rendered as EncodeChat renders a message, but open:
+// without its end of turn, as a chat template continues a final message.
+func EncodeOpen(dst []int32, m Message) []int32 {
+	dst = encodeHeader(dst, m.Role)
+	return Encode(dst, m.Content)
+}
+
 func encodeHeader(dst []int32, role string) []int32 {
 	dst = append(dst, StartHeader)
 	dst = Encode(dst, role)

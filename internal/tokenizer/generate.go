@@ -109,37 +109,94 @@ func Generate(seed uint64, n int) (ids []int32, pieces []string) {
 	if n <= 0 {
 		return nil, nil
 	}
-	var rng rand.PCG
-	rng.Seed(seed, genStream)
+	var g generator
+	g.init(seed)
 	ids = make([]int32, n)
 	pieces = make([]string, n)
-	// The loop never looks at n, which is what makes the output
-	// prefix-stable.
-	prev := afterNothing
 	for i := range n {
-		var p genPiece
-		if prev == afterWord && intN(&rng, 10) == 0 {
-			if intN(&rng, 2) == 0 {
-				p, prev = genPeriod, afterPeriod
-			} else {
-				p, prev = genComma, afterComma
-			}
-		} else {
-			f := &genTable[pickWord(&rng)]
-			switch prev {
-			case afterNothing:
-				p = f.first
-			case afterPeriod:
-				p = f.capital
-			default:
-				p = f.mid
-			}
-			prev = afterWord
-		}
+		p := g.next()
 		ids[i], pieces[i] = p.id, p.text
 	}
 	return ids, pieces
 }
+
+// generator emits Generate's pieces one at a time. Its output never depends
+// on how many are asked for, which is what makes Generate prefix-stable.
+type generator struct {
+	rng  rand.PCG
+	prev genState
+}
+
+func (g *generator) init(seed uint64) {
+	g.rng.Seed(seed, genStream)
+	g.prev = afterNothing
+}
+
+// next returns the next piece.
+func (g *generator) next() genPiece {
+	if g.prev == afterWord && intN(&g.rng, 10) == 0 {
+		if intN(&g.rng, 2) == 0 {
+			g.prev = afterPeriod
+			return genPeriod
+		}
+		g.prev = afterComma
+		return genComma
+	}
+	f := &genTable[pickWord(&g.rng)]
+	prev := g.prev
+	g.prev = afterWord
+	switch prev {
+	case afterNothing:
+		return f.first
+	case afterPeriod:
+		return f.capital
+	}
+	return f.mid
+}
+
+// ReplyStart finds a reply already under way at the end of prompt, as a
+// completion request that continues a cut one carries it (the original
+// prompt and the text generated so far): it returns the smallest k >= 1
+// such that prompt's last k tokens are the first k tokens of the reply to
+// the rest, Generate(ReplySeed(serverSeed, prompt[:len(prompt)-k]), k), or
+// 0 when there is none. Only positions whose token can open a reply are
+// checked in full, so it costs about one ReplySeed of prompt. It is safe
+// for concurrent use.
+func ReplyStart(serverSeed uint64, prompt []int32) int {
+	var d xxhash.Digest
+	var buf [8]byte
+	binary.LittleEndian.PutUint64(buf[:], serverSeed)
+	_, _ = d.Write(buf[:])
+	for j, t := range prompt {
+		if openers[t] && continues(d.Sum64(), prompt[j:]) {
+			return len(prompt) - j
+		}
+		binary.LittleEndian.PutUint32(buf[:4], uint32(t))
+		_, _ = d.Write(buf[:4])
+	}
+	return 0
+}
+
+// continues reports whether tail is the start of the reply seeded seed.
+func continues(seed uint64, tail []int32) bool {
+	var g generator
+	g.init(seed)
+	for _, t := range tail {
+		if g.next().id != t {
+			return false
+		}
+	}
+	return true
+}
+
+// openers are the ids of the pieces a reply can open with.
+var openers = func() map[int32]bool {
+	m := make(map[int32]bool, len(genWords))
+	for _, f := range genTable {
+		m[f.first.id] = true
+	}
+	return m
+}()
 
 // genState is what Generate emitted last, which decides what may follow.
 type genState uint8

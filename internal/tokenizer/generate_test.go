@@ -111,3 +111,30 @@ func TestGenerateDeterministic(t *testing.T) {
 		t.Fatal("Generate gives the same output for seeds 42 and 43")
 	}
 }
+
+func TestReplyStart(t *testing.T) {
+	prompt := Encode([]int32{BOS}, "Once upon a time.\n")
+	reply, _ := Generate(ReplySeed(7, prompt), 20)
+	tests := []struct {
+		name   string
+		prompt []int32
+		want   int
+	}{
+		{"no reply", prompt, 0},
+		{"one token", append(prompt[:len(prompt):len(prompt)], reply[:1]...), 1},
+		{"twenty tokens", append(prompt[:len(prompt):len(prompt)], reply...), 20},
+		{"another server's reply", append(prompt[:len(prompt):len(prompt)], reply[:5]...), 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			seed := uint64(7)
+			if tt.name == "another server's reply" {
+				seed = 8
+				tt.want = 0
+			}
+			if got := ReplyStart(seed, tt.prompt); got != tt.want {
+				t.Errorf("ReplyStart = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
