@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"io"
 	"net"
 	"net/http"
 
@@ -51,4 +52,20 @@ func notFound(r *http.Request) *apiError {
 func isDialError(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// reject answers a request that goes to no backend with e, and counts it.
+func (p *Proxy) reject(w http.ResponseWriter, e *apiError) { p.rejectFor(w, e, "") }
+
+// rejectFor is reject for a request for model ("" if unknown).
+func (p *Proxy) rejectFor(w http.ResponseWriter, e *apiError, model string) {
+	p.metrics.requests.WithLabelValues(noBackend, statusLabel(e.Status), noBackend, p.modelLabel(model)).Inc()
+	writeError(w, e)
+}
+
+// writeText answers with a plain-text body.
+func writeText(w http.ResponseWriter, status int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, body)
 }

@@ -263,3 +263,24 @@ func describe(err error) string {
 	}
 	return "connection failed"
 }
+
+// setRouteHeaders names the chosen backend and the reason on the response,
+// with the TTFT the request was routed on, and with Config.Explain the
+// predicted cached tokens and the TTFT's interval.
+func (p *Proxy) setRouteHeaders(w http.ResponseWriter, d *router.Decision) {
+	h := w.Header()
+	vv := []string{d.Backend.Name, d.Reason} // one allocation for both: never appended to
+	h[HeaderBackend], h[HeaderRoute] = vv[:1:1], vv[1:]
+	if d.PredictedTTFT <= 0 {
+		return
+	}
+	h[HeaderPredictedTTFTSeconds] = []string{strconv.FormatFloat(d.PredictedTTFT.Seconds(), 'f', 4, 64)}
+	if p.explain {
+		h.Set(HeaderPredictedCached, strconv.Itoa(d.Cached))
+		h.Set(HeaderPredictedTTFT, strconv.FormatFloat(float64(d.PredictedTTFT)/float64(time.Millisecond), 'f', 1, 64))
+		if d.PredictedTTFTHigh > 0 {
+			h.Set(HeaderPredictedTTFTInterval, strconv.FormatFloat(d.PredictedTTFTLow.Seconds(), 'f', 4, 64)+" "+
+				strconv.FormatFloat(d.PredictedTTFTHigh.Seconds(), 'f', 4, 64))
+		}
+	}
+}

@@ -20,12 +20,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -349,56 +346,6 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			p.serveByLoad(w, r, request.Other)
 		} else {
 			p.reject(w, notFound(r))
-		}
-	}
-}
-
-// allow reports whether r's method is one of methods, answering 405 with an
-// Allow header if not.
-func (p *Proxy) allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
-	if slices.Contains(methods, r.Method) {
-		return true
-	}
-	allowed := strings.Join(methods, ", ")
-	w.Header().Set("Allow", allowed)
-	p.reject(w, &apiError{
-		Status:  http.StatusMethodNotAllowed,
-		Message: "Method " + r.Method + " is not allowed on " + r.URL.Path + "; use " + allowed,
-		Type:    typeInvalidRequest,
-		Code:    codeMethodNotAllowed,
-	})
-	return false
-}
-
-// reject answers a request that goes to no backend with e, and counts it.
-func (p *Proxy) reject(w http.ResponseWriter, e *apiError) { p.rejectFor(w, e, "") }
-
-// rejectFor is reject for a request for model ("" if unknown).
-func (p *Proxy) rejectFor(w http.ResponseWriter, e *apiError, model string) {
-	p.metrics.requests.WithLabelValues(noBackend, statusLabel(e.Status), noBackend, p.modelLabel(model)).Inc()
-	writeError(w, e)
-}
-
-func writeText(w http.ResponseWriter, status int, body string) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.WriteHeader(status)
-	_, _ = io.WriteString(w, body)
-}
-
-func (p *Proxy) setRouteHeaders(w http.ResponseWriter, d *router.Decision) {
-	h := w.Header()
-	vv := []string{d.Backend.Name, d.Reason} // one allocation for both: never appended to
-	h[HeaderBackend], h[HeaderRoute] = vv[:1:1], vv[1:]
-	if d.PredictedTTFT <= 0 {
-		return
-	}
-	h[HeaderPredictedTTFTSeconds] = []string{strconv.FormatFloat(d.PredictedTTFT.Seconds(), 'f', 4, 64)}
-	if p.explain {
-		h.Set(HeaderPredictedCached, strconv.Itoa(d.Cached))
-		h.Set(HeaderPredictedTTFT, strconv.FormatFloat(float64(d.PredictedTTFT)/float64(time.Millisecond), 'f', 1, 64))
-		if d.PredictedTTFTHigh > 0 {
-			h.Set(HeaderPredictedTTFTInterval, strconv.FormatFloat(d.PredictedTTFTLow.Seconds(), 'f', 4, 64)+" "+
-				strconv.FormatFloat(d.PredictedTTFTHigh.Seconds(), 'f', 4, 64))
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -220,4 +221,21 @@ func setReadDeadline(w http.ResponseWriter, t time.Time) error {
 		return d.SetReadDeadline(t)
 	}
 	return http.NewResponseController(w).SetReadDeadline(t)
+}
+
+// allow reports whether r's method is one of methods, answering 405 with an
+// Allow header if not.
+func (p *Proxy) allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
+	if slices.Contains(methods, r.Method) {
+		return true
+	}
+	allowed := strings.Join(methods, ", ")
+	w.Header().Set("Allow", allowed)
+	p.reject(w, &apiError{
+		Status:  http.StatusMethodNotAllowed,
+		Message: "Method " + r.Method + " is not allowed on " + r.URL.Path + "; use " + allowed,
+		Type:    typeInvalidRequest,
+		Code:    codeMethodNotAllowed,
+	})
+	return false
 }
