@@ -27,10 +27,15 @@ type llamaStream struct {
 
 // streamGreedy streams a greedy chat answer of maxTokens tokens to messages
 // (JSON) from url.
+var freshConn = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
 func streamGreedy(url, messages string, maxTokens int, extra string) llamaStream {
 	body := fmt.Sprintf(`{"model":"random-llama","messages":%s,"max_tokens":%d,"temperature":0,"seed":1,"ignore_eos":true,"stream":true%s}`,
 		messages, maxTokens, extra)
-	res, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	// A fresh connection each time: llama-server may close a kept-alive one
+	// between streams, and a POST on a connection closed under it fails
+	// with EOF rather than being retried.
+	res, err := freshConn.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		return llamaStream{err: err}
 	}
@@ -111,7 +116,7 @@ func TestLlamaServerMigration(t *testing.T) {
 	ref := make([]llamaStream, n)
 	for i := range n {
 		if ref[i] = streamGreedy(urls[1], msgs(i), tokens, ""); ref[i].err != nil || !ref[i].done || ref[i].text == "" {
-			t.Fatalf("uninterrupted stream %d: %+v", i, ref[i])
+			t.Fatalf("uninterrupted stream %d: %+v (error: %v)", i, ref[i], ref[i].err)
 		}
 	}
 
