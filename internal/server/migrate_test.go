@@ -186,7 +186,7 @@ func gaps(t *testing.T, s *Server, what string, migrated []chatReply) {
 func TestMigrateDieAfterTokens(t *testing.T) {
 	emus := testfleet.Start(t, 3, "--seed", "7")
 	emus[0].SetFaults(emulator.Faults{DieAfterTokens: 8})
-	s := startRouter(t, emus)
+	s := startRouter(t, emus, roundRobin)
 	got := manyChats(s.URL, 30, 40, nil)
 	ref := references(emus[1].URL(), 30, 40)
 	migrated := checkContinued(t, got, ref, "gpu0")
@@ -288,7 +288,7 @@ func streamCompletion(url, prompt string, maxTokens int) (string, error) {
 func TestMigrateCompletion(t *testing.T) {
 	emus := testfleet.Start(t, 2, "--seed", "10")
 	emus[0].SetFaults(emulator.Faults{DieAfterTokens: 8})
-	s := startRouter(t, emus)
+	s := startRouter(t, emus, roundRobin)
 	for i := range 4 {
 		prompt := fmt.Sprintf("Story %d.\n", i)
 		got, err := streamCompletion(s.URL, prompt, 30)
@@ -336,7 +336,7 @@ func TestMigrateTerm(t *testing.T) {
 func TestMigrateSpent(t *testing.T) {
 	emus := testfleet.Start(t, 2, "--seed", "12")
 	emus[0].SetFaults(emulator.Faults{DieAfterTokens: 8})
-	s := startRouter(t, emus)
+	s := startRouter(t, emus, roundRobin)
 	for i := range 4 {
 		text := fmt.Sprintf("request %d: tell me a story", i)
 		got, want := streamChat(s.URL, text, 8), streamChat(emus[1].URL(), text, 8)
@@ -348,3 +348,7 @@ func TestMigrateSpent(t *testing.T) {
 		t.Error("no stream was cut: the test proves nothing")
 	}
 }
+
+// roundRobin routes with round-robin: a test that faults one backend needs
+// requests to reach it, which a cache-aware policy need not send there.
+func roundRobin(c *Config) { c.Policy = "round-robin" }
