@@ -117,18 +117,18 @@ func (c *calibration) init(cfg Config, n int) {
 func (c *calibration) grow(n int, gone []int) {
 	c.ttft.Grow(n)
 	c.prior.Grow(n)
-	if old := *c.batches.Load(); len(old) < n {
-		c.batches.Store(newBatchWatches(old, n))
-	}
-	batches := *c.batches.Load()
+	// A new slice, fresh watches for the backends gone: a pick still
+	// reading the old watch of one of them must not see it rewritten.
+	ws := *newBatchWatches(*c.batches.Load(), n)
 	for _, i := range gone {
 		c.ttft.Reset(i)
 		c.prior.Reset(i)
 		if tr := c.cache.Reset(i); tr.Changed() {
 			c.logCacheTransition(tr)
 		}
-		*batches[i] = batchWatch{}
+		ws[i] = &batchWatch{}
 	}
+	c.batches.Store(&ws)
 }
 
 // batchSeen returns the most requests backend b's engine has been seen
@@ -215,8 +215,10 @@ func (w *batchWatch) count(m *fleet.Metrics) {
 	w.state.Store(v)
 }
 
-// newBatchWatches returns watches for n backends, old's first.
+// newBatchWatches returns watches for n backends (or as many as old has),
+// old's first.
 func newBatchWatches(old []*batchWatch, n int) *[]*batchWatch {
+	n = max(n, len(old))
 	ws := make([]*batchWatch, n)
 	copy(ws, old)
 	for i := len(old); i < n; i++ {
