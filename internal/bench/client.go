@@ -302,6 +302,7 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 	if lo, hi, ok := strings.Cut(resp.Header.Get(proxy.HeaderPredictedTTFTInterval), " "); ok {
 		res.PredictedTTFTLow, res.PredictedTTFTHigh = c.model(headerSeconds(lo)), c.model(headerSeconds(hi))
 	}
+	res.PredictedITL = c.model(headerSeconds(resp.Header.Get(proxy.HeaderPredictedITL)))
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		lose(&res, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg)))

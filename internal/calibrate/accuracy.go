@@ -73,10 +73,12 @@ const (
 type tally struct {
 	name          string
 	count, scored uint64
-	inside        uint64
-	ape           [apeBins]uint32
-	ratio         []uint64 // by RatioBuckets, not cumulative; the last is +Inf
-	ratioSum      float64
+	// bounded counts the scored predictions that came with an interval
+	// (Hi > 0), inside those whose observation fell in it.
+	bounded, inside uint64
+	ape             [apeBins]uint32
+	ratio           []uint64 // by RatioBuckets, not cumulative; the last is +Inf
+	ratioSum        float64
 }
 
 func newTally() *tally { return &tally{ratio: make([]uint64, len(RatioBuckets)+1)} }
@@ -90,8 +92,11 @@ func (t *tally) add(p Prediction, observed float64, score bool) {
 		return
 	}
 	t.scored++
-	if p.Lo <= observed && observed <= p.Hi {
-		t.inside++
+	if p.Hi > 0 {
+		t.bounded++
+		if p.Lo <= observed && observed <= p.Hi {
+			t.inside++
+		}
 	}
 	ape := math.Abs(p.Mean-observed) / observed
 	k := 0
@@ -236,8 +241,8 @@ func (a *Accuracy) Snapshot() AccuracySnapshot {
 func (t *tally) stats() Stats {
 	s := Stats{Name: t.name, Count: t.count, Scored: t.scored, MedianAPE: t.median(), Coverage: math.NaN(),
 		Ratio: make([]uint64, len(RatioBuckets)), RatioSum: t.ratioSum}
-	if t.scored > 0 {
-		s.Coverage = float64(t.inside) / float64(t.scored)
+	if t.bounded > 0 {
+		s.Coverage = float64(t.inside) / float64(t.bounded)
 	}
 	cum := uint64(0)
 	for k := range RatioBuckets {

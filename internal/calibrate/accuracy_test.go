@@ -77,6 +77,23 @@ func TestAccuracyMatchesSummarize(t *testing.T) {
 	}
 }
 
+// A prediction without an interval is scored for its error and left out of
+// the coverage, which is NaN with none.
+func TestAccuracyWithoutIntervals(t *testing.T) {
+	a := NewAccuracy("itl", 1)
+	for range 3 {
+		a.Record(0, Prediction{Mean: 0.012}, 0.010)
+	}
+	s := a.Snapshot().Fleet
+	if s.Scored != 2 || math.Abs(s.MedianAPE-0.2) > 0.2*0.025 || !math.IsNaN(s.Coverage) {
+		t.Errorf("scored %d, median APE %v, coverage %v; want 2, 0.2 and NaN", s.Scored, s.MedianAPE, s.Coverage)
+	}
+	a.Record(0, Prediction{Mean: 0.012, Lo: 0.005, Hi: 0.015}, 0.010)
+	if s := a.Snapshot().Fleet; s.Coverage != 1 {
+		t.Errorf("coverage %v after one prediction with an interval that held, want 1", s.Coverage)
+	}
+}
+
 func TestAccuracyCollector(t *testing.T) {
 	a := NewAccuracy("itl", 1)
 	a.SetName(0, "a")

@@ -179,6 +179,7 @@ func (p *firstPolicy) Pick(req *router.Request, cands []*fleet.Backend) (router.
 		Reason:        "first",
 		Cached:        min(p.prefix, req.PromptTokens),
 		PredictedTTFT: p.predict,
+		PredictedITL:  p.predict / 20,
 		Scores: []router.Score{{Backend: cands[0].Name, Cost: 1, Cached: p.prefix,
 			Terms: router.Terms{Names: firstTerms, Seconds: [router.MaxTerms]float64{0.25, 0.75}}}},
 	}

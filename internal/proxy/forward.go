@@ -266,7 +266,7 @@ func describe(err error) string {
 
 // setRouteHeaders names the chosen backend and the reason on the response,
 // with the TTFT the request was routed on, and with Config.Explain the
-// predicted cached tokens and the TTFT's interval.
+// predicted cached tokens, the TTFT's interval and the time between tokens.
 func (p *Proxy) setRouteHeaders(w http.ResponseWriter, d *router.Decision) {
 	h := w.Header()
 	vv := []string{d.Backend.Name, d.Reason} // one allocation for both: never appended to
@@ -281,6 +281,9 @@ func (p *Proxy) setRouteHeaders(w http.ResponseWriter, d *router.Decision) {
 		if d.PredictedTTFTHigh > 0 {
 			h.Set(HeaderPredictedTTFTInterval, strconv.FormatFloat(d.PredictedTTFTLow.Seconds(), 'f', 4, 64)+" "+
 				strconv.FormatFloat(d.PredictedTTFTHigh.Seconds(), 'f', 4, 64))
+		}
+		if d.PredictedITL > 0 {
+			h.Set(HeaderPredictedITL, strconv.FormatFloat(d.PredictedITL.Seconds(), 'f', 5, 64))
 		}
 	}
 }

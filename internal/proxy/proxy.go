@@ -58,12 +58,14 @@ const (
 
 // The headers Config.Explain adds, for policies that predict: the prompt
 // tokens expected cached on the chosen backend, the time to first token
-// expected there in milliseconds, and its prediction interval in seconds
-// ("low high", kvroute's 80 % interval).
+// expected there in milliseconds, its prediction interval in seconds
+// ("low high", kvroute's 80 % interval), and the mean time between the
+// stream's tokens in seconds (kvroute when it prices streams).
 const (
 	HeaderPredictedCached       = "X-Kvroute-Predicted-Cached"
 	HeaderPredictedTTFT         = "X-Kvroute-Predicted-Ttft-Ms"
 	HeaderPredictedTTFTInterval = "X-Kvroute-Predicted-Ttft-Interval"
+	HeaderPredictedITL          = "X-Kvroute-Predicted-Itl"
 )
 
 // Fleet is what the proxy needs of the fleet of backends. Implementations

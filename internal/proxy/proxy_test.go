@@ -985,7 +985,7 @@ func TestNewRequiresFleetAndPolicy(t *testing.T) {
 }
 
 // TestExplainHeaders: with Config.Explain a response names the policy's
-// predicted cached tokens and TTFT; without it, it does not (they tell a
+// predicted cached tokens, TTFT and time between tokens; without it, it does not (they tell a
 // client what the fleet holds). The predicted TTFT in seconds is always
 // sent.
 func TestExplainHeaders(t *testing.T) {
@@ -998,9 +998,9 @@ func TestExplainHeaders(t *testing.T) {
 		if res.StatusCode != 200 {
 			t.Fatalf("status %d: %s", res.StatusCode, body)
 		}
-		cached, ttft := res.Header.Get(HeaderPredictedCached), res.Header.Get(HeaderPredictedTTFT)
-		if explain && (cached == "" || cached == "0" || ttft != "250.0") || !explain && (cached != "" || ttft != "") {
-			t.Errorf("Explain %v: predicted cached %q, TTFT %q", explain, cached, ttft)
+		cached, ttft, itl := res.Header.Get(HeaderPredictedCached), res.Header.Get(HeaderPredictedTTFT), res.Header.Get(HeaderPredictedITL)
+		if explain && (cached == "" || cached == "0" || ttft != "250.0" || itl != "0.01250") || !explain && (cached != "" || ttft != "" || itl != "") {
+			t.Errorf("Explain %v: predicted cached %q, TTFT %q, ITL %q", explain, cached, ttft, itl)
 		}
 		// The prediction the request was routed on goes out either way.
 		if got := res.Header.Get(HeaderPredictedTTFTSeconds); got != "0.2500" {

@@ -108,6 +108,11 @@ func summaryTable(r *results.Report, styles []policyStyle) ([]column, []tableRow
 			}, fmtPct},
 		)
 	}
+	if slices.ContainsFunc(r.Runs, func(run results.Run) bool { return run.Summary.ITLError > 0 }) {
+		cols = append(cols, tableColumn{column{"time between tokens prediction", "error p50", ""}, -1, func(run results.Run) (float64, bool) {
+			return run.Summary.ITLError, run.Summary.ITLError > 0
+		}, fmtPct})
+	}
 	if slices.ContainsFunc(r.Runs, func(run results.Run) bool { return run.Goodput != nil }) {
 		unit := "req/s"
 		if slo, ok := commonSLO(r.Runs); ok {

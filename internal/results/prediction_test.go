@@ -2,6 +2,7 @@ package results
 
 import (
 	"math"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -62,5 +63,35 @@ func TestTTFTPredictionError(t *testing.T) {
 				t.Errorf("table shows the prediction error: %v, want %v:\n%s", got, tt.wantError > 0, b.String())
 			}
 		})
+	}
+}
+
+// The time between tokens is scored like the TTFT, with no interval: past
+// the warm-up, predictions 20 % high give a 20 % error, and streams of one
+// token (no ITL) and failures count for nothing.
+func TestITLPredictionError(t *testing.T) {
+	ms := time.Millisecond
+	var rs []Result
+	for i := range PredictionWarmUp + 50 {
+		r := Result{Status: 200, TTFT: 100 * ms, ITL: 10 * ms, PredictedITL: 30 * ms}
+		if i >= PredictionWarmUp {
+			r.PredictedITL = 12 * ms
+		}
+		rs = append(rs, r)
+	}
+	rs = append(rs, Result{Status: 200, TTFT: ms, PredictedITL: time.Second}, Result{Status: 500, ITL: ms, PredictedITL: time.Second})
+	s := Summarize("p", rs)
+	if math.Abs(s.ITLError-0.2) > 0.01*0.2 {
+		t.Errorf("ITLError = %v, want 0.2", s.ITLError)
+	}
+	if s.TTFTCoverage != 0 || s.TTFTError != 0 {
+		t.Errorf("TTFT scores %v, %v from ITL predictions alone, want none", s.TTFTError, s.TTFTCoverage)
+	}
+	var b strings.Builder
+	if err := WriteTable(&b, []Summary{s, Summarize("q", nil)}, Bounds{}); err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`time between tokens, prediction error \(median\) +20\.0 % +-\n`).MatchString(b.String()) {
+		t.Errorf("table without the ITL prediction error:\n%s", b.String())
 	}
 }

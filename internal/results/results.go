@@ -70,6 +70,10 @@ type Result struct {
 	PredictedTTFT     time.Duration `json:"predicted_ttft_ns,omitempty"`
 	PredictedTTFTLow  time.Duration `json:"predicted_ttft_low_ns,omitempty"`
 	PredictedTTFTHigh time.Duration `json:"predicted_ttft_high_ns,omitempty"`
+	// PredictedITL is the mean time between the stream's tokens the policy
+	// predicted there (router.Decision.PredictedITL, the
+	// X-Kvroute-Predicted-Itl header); 0 for policies that do not predict.
+	PredictedITL time.Duration `json:"predicted_itl_ns,omitempty"`
 	// PromptBlocks and SequenceBlocks are the block hashes recorded when
 	// bench.Client.BlockTokens is set (or by the simulator).
 	PromptBlocks, SequenceBlocks []uint64 `json:"-"`

@@ -64,6 +64,10 @@ type Summary struct {
 	// do not predict.
 	TTFTError    float64 `json:"ttft_prediction_error,omitempty"`
 	TTFTCoverage float64 `json:"ttft_interval_coverage,omitempty"`
+	// ITLError is the same median error for the predicted mean time
+	// between a stream's tokens, over the streams of two tokens or more; 0
+	// for policies that do not predict it.
+	ITLError float64 `json:"itl_prediction_error,omitempty"`
 	// SLO is how the run did against the joint objective of the run
 	// (ApplySLO); nil without one.
 	SLO *SLOSummary `json:"slo,omitempty"`
@@ -127,7 +131,7 @@ type Summarizer struct {
 	first, last                       time.Duration
 	seen                              bool
 	predicted                         predictionCount
-	ttftPredicted                     ttftPrediction
+	ttftPredicted, itlPredicted       prediction
 	slo                               sloCount
 }
 
@@ -136,7 +140,10 @@ func (a *Summarizer) Add(r *Result) {
 	s := &a.s
 	s.Requests++
 	a.predicted.add(a.BlockSize, r)
-	a.ttftPredicted.add(r)
+	if r.Status == 200 {
+		a.ttftPredicted.add(r.PredictedTTFT, r.TTFT, r.PredictedTTFTLow, r.PredictedTTFTHigh)
+		a.itlPredicted.add(r.PredictedITL, r.ITL, 0, 0)
+	}
 	if !a.SLO.IsZero() {
 		a.slo.add(a.SLO, r)
 	}
@@ -197,6 +204,7 @@ func (a *Summarizer) Summary(name string) Summary {
 	}
 	s.PredictionAccuracy = a.predicted.share()
 	s.TTFTError, s.TTFTCoverage = a.ttftPredicted.medianError(), a.ttftPredicted.coverage()
+	s.ITLError = a.itlPredicted.medianError()
 	s.SLO = a.slo.summary(a.SLO, s.Span)
 	return s
 }
@@ -294,6 +302,14 @@ func WriteTable(w io.Writer, sums []Summary, bounds Bounds) error {
 		}
 		row("TTFT prediction error (median)", predicts(func(s Summary) string { return fmt.Sprintf("%.1f %%", 100*s.TTFTError) }))
 		row("  inside the 80 % interval", predicts(func(s Summary) string { return fmt.Sprintf("%.1f %%", 100*s.TTFTCoverage) }))
+	}
+	if slices.ContainsFunc(sums, func(s Summary) bool { return s.ITLError > 0 }) {
+		row("time between tokens, prediction error (median)", func(s Summary) string {
+			if s.ITLError == 0 {
+				return "-" // a policy that does not predict it
+			}
+			return fmt.Sprintf("%.1f %%", 100*s.ITLError)
+		})
 	}
 	row("load imbalance (max/mean busy)", func(s Summary) string { return fmt.Sprintf("%.2f", s.Imbalance) })
 	if o := sums[0].SLO; o != nil {

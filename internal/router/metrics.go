@@ -8,7 +8,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // pin, and the ids held), and the policy's own metrics when it is a
 // prometheus.Collector.
 func (r *Router) Collector() prometheus.Collector {
-	cs := collectors{r.accuracy.ttft}
+	cs := collectors{r.accuracy.ttft, r.accuracy.itl}
 	if r.pins != nil {
 		cs = append(cs, pinCollector{r.pins})
 	}

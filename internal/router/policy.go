@@ -30,6 +30,10 @@ type Decision struct {
 	// interval (kvroute: its 10th and 90th percentiles, as calibrated on
 	// the backend's recent errors); 0 for policies that give none.
 	PredictedTTFTLow, PredictedTTFTHigh time.Duration
+	// PredictedITL is the policy's predicted mean time between the
+	// stream's tokens there (its decode, over its tokens after the first);
+	// 0 for policies that do not predict.
+	PredictedITL time.Duration
 	// Scores explains the choice, one entry per candidate (kvroute, among
 	// more than 16: the chosen one and the 15 cheapest others); nil for
 	// policies that do not score.

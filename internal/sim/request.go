@@ -271,6 +271,7 @@ func (s *simulation) finish(f *flight) {
 		PromptTokens: r.PromptLen, CachedTokens: r.CachedTokens, CompletionTokens: r.Output,
 		PredictedCached: f.t.Cached,
 		PredictedTTFT:   f.t.PredictedTTFT, PredictedTTFTLow: f.t.PredictedTTFTLow, PredictedTTFTHigh: f.t.PredictedTTFTHigh,
+		PredictedITL: f.t.PredictedITL,
 	}
 	if r.Output > 1 {
 		res.ITL = (e2e - ttft) / time.Duration(r.Output-1)

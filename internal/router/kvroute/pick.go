@@ -205,6 +205,11 @@ func (p *Policy) commit(s *pickScratch) router.Decision {
 		PredictedTTFTHigh: seconds(cb.hi),
 		Done:              func(o router.Outcome) { pk.done(o) }, // one allocation: pk lives in the closure
 	}
+	if st := &s.stream; st.on {
+		// As learnDecode will observe it: amid the KV there now, the
+		// prompt's and half the stream's own.
+		d.PredictedITL = seconds(st.fit.perToken(float64(l.DecodeTokens)+float64(s.promptTokens)+st.out/2, float64(l.Requests)+1, st.shares[s.best]))
+	}
 	if !p.cfg.NoScores {
 		d.Scores = explain(s.cand, s.cands, s.best)
 	}
