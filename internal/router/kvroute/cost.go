@@ -193,9 +193,34 @@ func slowness(ratio, mean float64) float64 {
 	return ratio / mean
 }
 
+// decodeSlowness is a backend's times between tokens over what the decode
+// fit predicted for them (ratio), as slowness is for TTFTs, but not over
+// the fleet's mean: the decode fit follows the streams, and a slow backend
+// that gets few of them would pull the others' below 1. Within
+// decodeSlowBand of 1 it is 1: on a fleet of one kind of server a
+// backend's ratio wanders with the load the fit does not describe (an
+// engine whose steps slow with the batch), and pricing that moved streams
+// for nothing (at a band of 10 %: chat-long's TTFT p99 1.6× on
+// batch-slowdown, 32 users).
+func decodeSlowness(ratio float64) float64 {
+	if math.Abs(math.Log(ratio)) < decodeSlowBand {
+		return 1
+	}
+	return ratio
+}
+
+// decodeSlowBand is how far, in log, a backend's decode ratio goes before
+// it is priced: 0.78 to 1.28×, where GPU generations differ by 1.6× (an
+// A100's memory bandwidth against an H100's) and more.
+const decodeSlowBand = 0.25
+
+// A backend's time between tokens over the decode fit's (learner.decodeSlow)
+// starts as if priorDecodeSlowness seconds a token had been observed as
+// predicted: twenty lone H100 steps, a stream or two's worth.
 const (
-	priorSlowness = 20.0 // s
-	slownessDecay = 1 - 1.0/500
+	priorSlowness       = 20.0 // s
+	priorDecodeSlowness = 20 * priorStep
+	slownessDecay       = 1 - 1.0/500
 )
 
 // capacityShrink is what a backend's index capacity is multiplied by when

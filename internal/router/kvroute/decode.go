@@ -108,6 +108,13 @@ func (d *decodeFit) perToken(kv, requests, share float64) float64 {
 	return d.step(kv, requests) / (1 - min(maxShare, share*d.stall))
 }
 
+// predict returns the fit's seconds per token for a stream amid kv tokens
+// of context and requests sequences, stalled stallPerToken seconds a token
+// by prefill: what observe fits.
+func (d *decodeFit) predict(kv, requests, stallPerToken float64) float64 {
+	return d.step(kv, requests) + stallPerToken*d.stall
+}
+
 // observe learns from one stream: its mean seconds per token, the KV and
 // requests it decoded among, and the prefill seconds per token of its
 // stream that shared its steps.
@@ -253,12 +260,12 @@ func (s *streamCost) cost(i int, c *candidate, l fleet.Load) float64 {
 		return 0
 	}
 	kv, n := float64(l.DecodeTokens), float64(l.Requests)
-	per := s.fit.perToken(kv+s.need, n+1, s.shares[i])
+	per := c.decodeSlow * s.fit.perToken(kv+s.need, n+1, s.shares[i])
 	grow := s.need/kvUnit*s.fit.perKV + s.fit.perSeq/seqUnit
 	if s.slo != nil {
 		s.tpot[i] = per
 		s.pushed[i] = 0
-		if y := s.slo.TPOT.Seconds(); y > 0 && s.fit.perToken(kv, n, s.shares[i]) <= y && per+c.own/s.overlap > y {
+		if y := s.slo.TPOT.Seconds(); y > 0 && c.decodeSlow*s.fit.perToken(kv, n, s.shares[i]) <= y && per+c.own/s.overlap > y {
 			s.pushed[i] = n
 		}
 	}
@@ -472,7 +479,9 @@ func (k *picked) learnDecode(l *learner, o router.Outcome, stall float64) {
 	kv := float64(k.kv) + float64(o.PromptTokens) + float64(tokens)/2
 	requests := float64(k.requests) + 1
 	steps := float64(tokens - 1)
-	l.decode.observe(kv, requests, min(stall, decode)/steps, decode/steps)
+	stallPerToken := min(stall, decode) / steps
+	l.decodeSlow.observe(k.backend.Index, decode/steps, l.decode.predict(kv, requests, stallPerToken))
+	l.decode.observe(kv, requests, stallPerToken, decode/steps)
 }
 
 // noise is the error of the stream's price, in the tie window's units of

@@ -111,7 +111,7 @@ func TestSLOMisses(t *testing.T) {
 	slo := SLO{TTFT: time.Second, TPOT: 20 * time.Millisecond}
 	st := streamCost{on: true, wOwn: 1, wOthers: all, out: 100, need: 1000, overlap: 100, fit: &d, slo: &slo,
 		shares: []float64{0.8, 0}, inverse: make([]float64, 2), tpot: make([]float64, 2), pushed: make([]float64, 2)}
-	cand := []candidate{{own: 0.1, ttft: 0.2}, {own: 0.1, ttft: 0.5}}
+	cand := []candidate{{own: 0.1, ttft: 0.2, decodeSlow: 1}, {own: 0.1, ttft: 0.5, decodeSlow: 1}}
 	loads := []fleet.Load{{}, {Requests: 2, DecodeTokens: 10_000}}
 	for i := range cand {
 		cand[i].cost = cand[i].ttft + st.cost(i, &cand[i], loads[i])
@@ -126,7 +126,7 @@ func TestSLOMisses(t *testing.T) {
 
 	// Neither meets the TTFT bound: that miss is priced nowhere.
 	slo.TPOT = 0
-	cand = []candidate{{own: 3, ttft: 3}, {own: 3, ttft: 4}}
+	cand = []candidate{{own: 3, ttft: 3, decodeSlow: 1}, {own: 3, ttft: 4, decodeSlow: 1}}
 	for i := range cand {
 		cand[i].cost = cand[i].ttft
 	}

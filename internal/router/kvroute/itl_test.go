@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/router/routertest"
 )
@@ -62,5 +63,78 @@ func TestPredictedITLLearnsTheEngine(t *testing.T) {
 				t.Errorf("router's ITL score: %d recorded, %d scored, coverage %v; want 500, 300 and none (no interval)", got.Count, got.Scored, got.Coverage)
 			}
 		})
+	}
+}
+
+// In a fleet where one backend decodes at half the others' pace (an older
+// GPU beside newer ones), each backend's predicted time between tokens
+// settles within 10 % of its own streams' (the decode fit is the fleet's,
+// each backend's deviation from it a learned ratio beside it), and the
+// slow backend, with no queue elsewhere to make up for its pace, gets few
+// streams after its first. Eight streams at a time.
+func TestPredictedITLPerBackend(t *testing.T) {
+	slower := []float64{2, 1, 1, 1}
+	bs := routertest.Backends(len(slower))
+	now := time.Unix(1000, 0)
+	r := newKVRouter(bs, Config{Seed: 1, Now: func() time.Time { return now }})
+	truth := func(b, prompt, out int) float64 {
+		return slower[b] * (0.021 + 0.03*(float64(prompt)+float64(out)/2)/100_000)
+	}
+	apes := make([][]float64, len(bs))
+	served := make([]int, len(bs))
+	type stream struct {
+		tk          *router.Ticket
+		prompt, out int
+	}
+	// stream routes request j among cands.
+	stream1 := func(j int, cands []*fleet.Backend) stream {
+		n := 400 + (j*7919)%40_000
+		out := 50 + (j*31)%400
+		req := &router.Request{Model: "m", Prompt: routertest.Words(1000+j, n), MaxTokens: out}
+		return stream{routertest.Route(t, r, req, cands), req.PromptTokens, out}
+	}
+	finish := func(s stream) {
+		b := s.tk.Backend.Index
+		itl := truth(b, s.prompt, s.out)
+		s.tk.FirstToken()
+		s.tk.Finish(router.Outcome{Status: 200, PromptTokens: s.prompt, CachedTokens: s.tk.Cached,
+			CompletionTokens: s.out, Tokens: s.out, TTFT: seconds(0.05), Latency: seconds(0.05 + float64(s.out-1)*itl)})
+	}
+	score := func(s stream) {
+		itl := truth(s.tk.Backend.Index, s.prompt, s.out)
+		apes[s.tk.Backend.Index] = append(apes[s.tk.Backend.Index], math.Abs(s.tk.PredictedITL.Seconds()-itl)/itl)
+	}
+	for i := 0; i < 1200; i += 8 {
+		var batch []stream
+		for j := i; j < i+8; j++ {
+			batch = append(batch, stream1(j, bs))
+		}
+		for _, s := range batch {
+			if i >= 600 {
+				score(s)
+			}
+			served[s.tk.Backend.Index]++
+			finish(s)
+		}
+		now = now.Add(time.Minute)
+	}
+	t.Logf("streams served by backend: %v", served)
+	if slices.Min(served[1:]) < 4*served[0] {
+		t.Errorf("streams served by backend: %v; want the slow one (0) to serve a quarter of any other's at most", served)
+	}
+	// The slow backend's predictions, asked of it alone.
+	for j := 2000; j < 2050; j++ {
+		s := stream1(j, bs[:1])
+		score(s)
+		finish(s)
+		now = now.Add(time.Minute)
+	}
+	for b, a := range apes {
+		slices.Sort(a)
+		if med := a[len(a)/2]; med > 0.10 {
+			t.Errorf("backend %d (%.0f× slower): median error of the predicted ITL %.3f over %d streams, want at most 0.10", b, slower[b], med, len(a))
+		} else {
+			t.Logf("backend %d (%.0f× slower): median error %.3f over %d streams", b, slower[b], med, len(a))
+		}
 	}
 }

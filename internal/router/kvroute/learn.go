@@ -1,7 +1,6 @@
 package kvroute
 
 import (
-	"math"
 	"sync"
 	"sync/atomic"
 
@@ -28,17 +27,11 @@ type learner struct {
 	mu     sync.Mutex
 	pooled speed
 	decode decodeFit
-	// observed and predicted are each backend's decayed sums of TTFTs and
-	// of what the pooled fit predicted for them, by backend index; ratio
-	// holds their quotient (float64 bits) for Pick; sumSlow is the sum of
-	// the quotients.
-	observed, predicted []float64
-	ratio               atomic.Pointer[[]atomic.Uint64] // replaced, values copied, when the fleet grows
-	sumSlow             float64
-	// live marks the indexes of the backends in the fleet, and nLive counts
-	// them: the mean slowness is over these (SetBackends).
+	// slow is each backend's TTFTs over what the pooled fit predicted for
+	// them, decodeSlow its times between tokens over the decode fit's.
+	slow, decodeSlow ratios
+	// live marks the indexes of the backends in the fleet (SetBackends).
 	live     []bool
-	nLive    int
 	capacity []int // index capacity in blocks last derived from Info, by backend index
 	// hold: the requests' lifetimes weighted by their tokens (decayed
 	// sums), since the long requests are the ones that hold the cache;
@@ -56,22 +49,16 @@ type learner struct {
 func (l *learner) init(n int) {
 	l.pooled = newSpeed()
 	l.decode = newDecodeFit()
-	l.observed = make([]float64, n)
-	l.predicted = make([]float64, n)
-	ratio := make([]atomic.Uint64, n)
-	l.ratio.Store(&ratio)
+	l.slow.init(n, priorSlowness)
+	l.decodeSlow.init(n, priorDecodeSlowness)
 	l.capacity = make([]int, n)
 	l.live = make([]bool, n)
-	l.nLive = n
 	l.holdSum, l.holdWeight = priorHold, 1
 	l.lifeSum, l.lifeN = priorHold, 1
 	l.recentHit, l.recentSeen = priorRecent/2, priorRecent
 	for i := range n {
-		l.observed[i], l.predicted[i] = priorSlowness, priorSlowness
-		ratio[i].Store(math.Float64bits(l.observed[i] / l.predicted[i]))
 		l.live[i] = true
 	}
-	l.sumSlow = float64(n)
 	l.publish()
 }
 
@@ -80,7 +67,10 @@ func (l *learner) snapshot() *learned { return l.last.Load() }
 
 // slowRatios returns every backend's observed over predicted TTFT (float64
 // bits), by backend index; read once per pick.
-func (l *learner) slowRatios() []atomic.Uint64 { return *l.ratio.Load() }
+func (l *learner) slowRatios() []atomic.Uint64 { return l.slow.load() }
+
+// decodeSlowRatios returns the same of the times between tokens.
+func (l *learner) decodeSlowRatios() []atomic.Uint64 { return l.decodeSlow.load() }
 
 // setBackends makes room for every backend of bs, starts the ones new to
 // the learner at the prior, and forgets the learned slowness of those no
@@ -88,45 +78,32 @@ func (l *learner) slowRatios() []atomic.Uint64 { return *l.ratio.Load() }
 func (l *learner) setBackends(bs []*fleet.Backend) (gone []int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	n := len(l.observed)
+	n := len(l.live)
 	for _, b := range bs {
 		n = max(n, b.Index+1)
 	}
-	if n > len(l.observed) {
-		old := *l.ratio.Load()
-		ratio := make([]atomic.Uint64, n)
-		for i := range old {
-			ratio[i].Store(old[i].Load())
-		}
-		for range n - len(l.observed) {
-			l.observed = append(l.observed, priorSlowness)
-			l.predicted = append(l.predicted, priorSlowness)
+	if n > len(l.live) {
+		l.slow.grow(n)
+		l.decodeSlow.grow(n)
+		for range n - len(l.live) {
 			l.capacity = append(l.capacity, 0)
 			l.live = append(l.live, false)
 		}
-		l.ratio.Store(&ratio)
 	}
 	want := make([]bool, n)
 	for _, b := range bs {
 		want[b.Index] = true
 	}
-	ratio := *l.ratio.Load()
 	for i := range n {
 		if want[i] == l.live[i] {
 			continue
 		}
 		if !want[i] {
-			l.sumSlow -= l.observed[i] / l.predicted[i]
-			l.nLive--
 			gone = append(gone, i)
 		}
-		l.observed[i], l.predicted[i], l.capacity[i] = priorSlowness, priorSlowness, 0
-		r := l.observed[i] / l.predicted[i]
-		ratio[i].Store(math.Float64bits(r))
-		if want[i] {
-			l.sumSlow += r
-			l.nLive++
-		}
+		l.slow.set(i, want[i])
+		l.decodeSlow.set(i, want[i])
+		l.capacity[i] = 0
 		l.live[i] = want[i]
 	}
 	l.publish()
@@ -139,7 +116,7 @@ func (l *learner) publish() {
 	l.last.Store(&learned{
 		speed:    l.pooled,
 		decode:   l.decode,
-		meanSlow: l.sumSlow / float64(max(l.nLive, 1)),
+		meanSlow: l.slow.mean(),
 		hold:     l.holdSum / l.holdWeight,
 		life:     l.lifeSum / l.lifeN,
 		odds:     l.recentHit / l.recentSeen,
@@ -224,14 +201,7 @@ func (k *picked) done(o router.Outcome) {
 	if o.CachedTokens >= 0 && o.TTFT > 0 && k.queued == 0 {
 		m, c := float64(o.PromptTokens-o.CachedTokens), float64(o.CachedTokens)
 		decoding := float64(k.decoding)
-		if i := b.Index; live {
-			l.sumSlow -= l.observed[i] / l.predicted[i]
-			l.observed[i] = l.observed[i]*slownessDecay + o.TTFT.Seconds()
-			l.predicted[i] = l.predicted[i]*slownessDecay + l.pooled.predict(m, c, decoding)
-			r := l.observed[i] / l.predicted[i]
-			l.sumSlow += r
-			(*l.ratio.Load())[i].Store(math.Float64bits(r))
-		}
+		l.slow.observe(b.Index, o.TTFT.Seconds(), l.pooled.predict(m, c, decoding))
 		l.pooled.observe(m, c, decoding, o.TTFT.Seconds())
 	}
 	l.publish()

@@ -208,7 +208,7 @@ func (p *Policy) commit(s *pickScratch) router.Decision {
 	if st := &s.stream; st.on {
 		// As learnDecode will observe it: amid the KV there now, the
 		// prompt's and half the stream's own.
-		d.PredictedITL = seconds(st.fit.perToken(float64(l.DecodeTokens)+float64(s.promptTokens)+st.out/2, float64(l.Requests)+1, st.shares[s.best]))
+		d.PredictedITL = seconds(cb.decodeSlow * st.fit.perToken(float64(l.DecodeTokens)+float64(s.promptTokens)+st.out/2, float64(l.Requests)+1, st.shares[s.best]))
 	}
 	if !p.cfg.NoScores {
 		d.Scores = explain(s.cand, s.cands, s.best)

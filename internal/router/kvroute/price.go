@@ -15,8 +15,10 @@ type candidate struct {
 	maybe  int     // prompt tokens recent holds there
 	miss   float64 // prompt tokens to compute there
 	slow   float64 // its TTFTs over the fleet's, relative to the mean
-	queued float64 // seconds of prefill ahead there
-	own    float64 // seconds of the request's own prefill there
+	// decodeSlow is the same of its times between tokens (decode.go).
+	decodeSlow float64
+	queued     float64 // seconds of prefill ahead there
+	own        float64 // seconds of the request's own prefill there
 	// seenWait is the wait for a batch slot there if the engine ran no
 	// more requests at once than the most it has been seen running.
 	seenWait float64
@@ -39,7 +41,7 @@ func (p *Policy) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned,
 	s.cand = slices.Grow(s.cand[:0], len(cands))[:len(cands)]
 	cand := s.cand
 	clear(cand)
-	slow := p.learner.slowRatios()
+	slow, decodeSlow := p.learner.slowRatios(), p.learner.decodeSlowRatios()
 	backlog := math.Inf(1)
 	for i, b := range cands {
 		c := &cand[i]
@@ -53,6 +55,7 @@ func (p *Policy) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned,
 			c.cached = 0 // the engine's cache does not hold what the index says
 		}
 		c.slow = slowness(math.Float64frombits(slow[b.Index].Load()), ln.meanSlow)
+		c.decodeSlow = decodeSlowness(math.Float64frombits(decodeSlow[b.Index].Load()))
 		c.miss = float64(max(0, promptTokens-c.cached))
 		if own := s.loads[i].PrefillTokens - s.peer[i].tokens; own > 0 {
 			c.queued = s.drains[i].left(nowS, c.slow*ln.speed.prefill(float64(own), 0))
