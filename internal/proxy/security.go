@@ -120,6 +120,9 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 	var c *auth.Client
 	if len(s.keys) > 0 {
 		token, ok := auth.Bearer(r.Header)
+		if !ok && messagesPath(path) {
+			token, ok = messagesKey(r.Header) // messages.go: Anthropic's x-api-key
+		}
 		if ok {
 			c = s.keys.Find(token)
 		}
@@ -220,6 +223,7 @@ func (p *Proxy) withCredentials(out *http.Request, b *fleet.Backend) *http.Reque
 		out.Header.Del("Authorization")
 		out.Header.Del("Cookie")
 		out.Header.Del("Proxy-Authorization")
+		out.Header.Del("X-Api-Key") // Anthropic's clients send their key there
 	}
 	b.Authorize(out.Header)
 	return out
