@@ -184,4 +184,3 @@ func TestMessagesWithAnthropicSDK(t *testing.T) {
 
 // stopReason reports whether r is a stop reason the emulator gives.
 func stopReason(r string) bool { return r == "end_turn" || r == "max_tokens" }
-
