@@ -21,7 +21,7 @@ import (
 // message_stop, each with its `event:` line. Usage counts as Anthropic's
 // API does: input_tokens is the prompt not read from the prefix cache,
 // cache_read_input_tokens what was (vLLM reports neither split; kvroute
-// reads both forms, docs/decisions/0021-messages-api.md). Errors on the path
+// reads both forms, docs/decisions/0017-messages-api.md). Errors on the path
 // are in Anthropic's shape. POST /v1/messages/count_tokens counts a
 // request's prompt.
 

@@ -14,7 +14,7 @@ import (
 // (internal/request renders it); what differs on its path is the shape of
 // what kvroute itself answers: every error in Anthropic's form, and a cut
 // stream ended with its error event, for the migration of a cut stream
-// does not continue a Messages stream (docs/decisions/0021-messages-api.md).
+// does not continue a Messages stream (docs/decisions/0017-messages-api.md).
 
 // messagesPath reports whether path is the Messages API's: /v1/messages
 // and what is under it (vLLM's /v1/messages/count_tokens).
