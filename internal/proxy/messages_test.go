@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/auth"
 )
 
@@ -161,4 +162,48 @@ func TestMessagesCutStream(t *testing.T) {
 	}
 	px.await(t)
 	assertIdle(t, b0, b1)
+}
+
+// TestMessagesRefusalsInAnthropicShape: admission's 429 (every backend at
+// its cap, no queue) and the 503 of no backend in rotation are in
+// Anthropic's shape on /v1/messages.
+func TestMessagesRefusalsInAnthropicShape(t *testing.T) {
+	arrived, release := make(chan struct{}), make(chan struct{})
+	be := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, messagesBody)
+	}))
+	b0 := testBackend(t, 0, "b0", be.URL, "m")
+	_, px := newTestProxy(t, newFakeFleet(b0), newFirstPolicy(), func(c *Config) {
+		c.Overload = Overload{MaxPerBackend: 1, Admission: admission.Config{MaxQueue: -1}}
+	})
+	body := `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"Hi"}]}`
+	first := make(chan int)
+	go func() {
+		res, err := http.Post(px.URL+"/v1/messages", "application/json", strings.NewReader(body))
+		if err != nil {
+			first <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		first <- res.StatusCode
+	}()
+	<-arrived
+	res, got := post(t, px.URL, "/v1/messages", body)
+	if typ, _ := anthropicError(t, got); res.StatusCode != http.StatusTooManyRequests || typ != "rate_limit_error" {
+		t.Errorf("at the cap: %d %s, want 429 rate_limit_error", res.StatusCode, typ)
+	}
+	close(release)
+	if status := <-first; status != http.StatusOK {
+		t.Errorf("the request in flight: %d", status)
+	}
+	px.await(t)
+	b0.SetHealthy(false)
+	res, got = post(t, px.URL, "/v1/messages", body)
+	if typ, _ := anthropicError(t, got); res.StatusCode != http.StatusServiceUnavailable || typ != "overloaded_error" {
+		t.Errorf("no backend: %d %s, want 503 overloaded_error", res.StatusCode, typ)
+	}
 }

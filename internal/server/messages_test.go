@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/testfleet"
 )
@@ -262,4 +263,54 @@ func sentence(rng *rand.Rand, n int) string {
 	}
 	b.WriteByte('.')
 	return b.String()
+}
+
+// TestMessagesStreamCut: a Messages stream whose emulator process dies
+// after three tokens, or stalls after its first, ends with Anthropic's
+// error event after what was sent, no [DONE]; it is not continued
+// elsewhere, though the fault is on every backend and would show a second
+// attempt.
+func TestMessagesStreamCut(t *testing.T) {
+	for _, tt := range []struct {
+		name, fault, typ string
+		faults           emulator.Faults
+		deltas           int
+	}{
+		{"dies", "die", "api_error", emulator.Faults{DieAfterTokens: 3}, 3},
+		{"stalls", "hang_after_first", "timeout_error", emulator.Faults{HangAfterFirst: true}, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			emus := testfleet.Start(t, 2, "--seed", "8", "--time-scale", "0.05")
+			for _, e := range emus {
+				e.SetFaults(tt.faults)
+			}
+			s := startRouter(t, emus, func(c *Config) { c.Router.Seed = 1 })
+			body := fmt.Sprintf(`{"model":%q,"max_tokens":12,"stream":true,"messages":[{"role":"user","content":"Tell me about caches."}]}`, model)
+			res, err := http.Post(s.URL+"/v1/messages", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := io.ReadAll(res.Body)
+			res.Body.Close()
+			if err != nil || res.StatusCode != http.StatusOK {
+				t.Fatalf("status %d, %v", res.StatusCode, err)
+			}
+			stream := string(data)
+			head, tail, ok := strings.Cut(stream, "event: error\ndata: ")
+			if !ok || strings.Contains(stream, "[DONE]") || !strings.HasPrefix(head, "event: message_start\n") ||
+				strings.Count(head, "event: content_block_delta\n") != tt.deltas {
+				t.Fatalf("stream %q: want message_start, %d deltas, then an error event", stream, tt.deltas)
+			}
+			var e struct {
+				Type  string `json:"type"`
+				Error struct{ Type, Message string }
+			}
+			if err := json.Unmarshal([]byte(strings.TrimSpace(tail)), &e); err != nil || e.Type != "error" || e.Error.Type != tt.typ {
+				t.Errorf("error event %q (%v), want %s", tail, err, tt.typ)
+			}
+			if n := faultsServed(t, emus[0], tt.fault) + faultsServed(t, emus[1], tt.fault); n != 1 {
+				t.Errorf("%v attempts met the fault, want 1: the stream was continued elsewhere", n)
+			}
+		})
+	}
 }
