@@ -130,7 +130,11 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 			reason := map[bool]string{true: "invalid", false: "missing"}[ok]
 			s.authFailed.WithLabelValues(reason).Inc()
 			p.log.Debug("request refused: API key "+reason, "path", path, "remote", r.RemoteAddr)
-			p.reject(w, unauthorized(!ok))
+			e := unauthorized(!ok)
+			if !ok && messagesPath(path) {
+				e.Message = "You didn't provide an API key: send it in the x-api-key header, or as Authorization: Bearer KEY."
+			}
+			p.reject(w, e)
 			return r, false
 		}
 		r = r.WithContext(auth.NewContext(r.Context(), c))
