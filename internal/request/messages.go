@@ -124,15 +124,17 @@ func renderMessages(dst, system, tools, messages []byte) ([]byte, *openai.Error)
 	}
 	n := 0
 	for msg := range jsonscan.Elems(messages) {
-		param := messageParam(n)
 		if !jsonscan.IsObject(msg) {
+			param := messageParam(n)
 			return nil, openai.BadRequest(param, "%s: Input should be a valid dictionary", param)
 		}
 		role, content := jsonscan.Field(msg, "role"), jsonscan.Field(msg, "content")
 		switch {
 		case !jsonscan.IsString(role):
+			param := messageParam(n)
 			return nil, openai.BadRequest(param+".role", "%s.role: Field required", param)
 		case content == nil || !jsonscan.IsString(content) && content[0] != '[':
+			param := messageParam(n)
 			return nil, openai.BadRequest(param+".content", "%s.content: Input should be a string or a list of content blocks", param)
 		}
 		dst = jsonscan.AppendString(dst, role)
@@ -190,13 +192,14 @@ func renderBlocks(dst, content []byte) []byte {
 			dst = jsonscan.AppendString(dst, block)
 			continue
 		}
-		typ := jsonscan.StringValue(jsonscan.Field(block, "type"))
-		switch typ {
-		case "text":
+		// The raw string, compared without decoding (no allocation): block
+		// types are plain ASCII names, and an escaped one is digested.
+		switch string(jsonscan.Field(block, "type")) {
+		case `"text"`:
 			dst = jsonscan.AppendString(dst, jsonscan.Field(block, "text"))
-		case "thinking":
+		case `"thinking"`:
 			dst = jsonscan.AppendString(dst, jsonscan.Field(block, "thinking"))
-		case "tool_use":
+		case `"tool_use"`:
 			dst = append(dst, "tool_use "...)
 			dst = jsonscan.AppendString(dst, jsonscan.Field(block, "name"))
 			dst = append(dst, " id="...)
@@ -205,7 +208,7 @@ func renderBlocks(dst, content []byte) []byte {
 			if in := jsonscan.Field(block, "input"); in != nil {
 				dst = jsonscan.AppendCompact(dst, in)
 			}
-		case "tool_result":
+		case `"tool_result"`:
 			dst = append(dst, "tool_result tool_use_id="...)
 			dst = jsonscan.AppendString(dst, jsonscan.Field(block, "tool_use_id"))
 			if string(jsonscan.Field(block, "is_error")) == "true" {
