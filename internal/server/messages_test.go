@@ -202,13 +202,21 @@ const (
 // TestMessagesHitRateMatchesChat plays the same multi-turn conversations
 // over /v1/messages and over /v1/chat/completions, each through kvroute
 // serve on fresh emulator processes, and compares the hit rates the
-// backends report (cached prompt tokens / prompt tokens): within a point.
-// The numbers are in docs/BENCHMARKS.md ("The Messages API against chat").
+// backends report (cached prompt tokens / prompt tokens): within a point;
+// and, for scale, over /v1/messages with the random policy, which keeps no
+// affinity. The numbers are in docs/BENCHMARKS.md ("The Messages API
+// against chat").
 func TestMessagesHitRateMatchesChat(t *testing.T) {
 	rate := map[string]float64{}
-	for _, api := range []string{"chat", "messages"} {
+	for _, run := range []string{"chat", "messages", "messages/random"} {
+		api, policy, _ := strings.Cut(run, "/")
 		emus := testfleet.Start(t, hitRateBackends, "--seed", "5", "--time-scale", "0.02")
-		s := startRouter(t, emus, func(c *Config) { c.Router.Seed = 1 })
+		s := startRouter(t, emus, func(c *Config) {
+			c.Router.Seed = 1
+			if policy != "" {
+				c.Policy = policy
+			}
+		})
 		rng := rand.New(rand.NewPCG(30, 2))
 		type conv struct {
 			system string
@@ -237,16 +245,21 @@ func TestMessagesHitRateMatchesChat(t *testing.T) {
 				prompt, cached = prompt+got.prompt, cached+got.cached
 			}
 		}
-		rate[api] = float64(cached) / float64(prompt)
-		t.Logf("%-8s %d conversations × %d turns on %d backends: %d of %d prompt tokens cached, hit rate %.1f %%",
-			api, hitRateConversations, hitRateTurns, hitRateBackends, cached, prompt, 100*rate[api])
+		rate[run] = float64(cached) / float64(prompt)
+		t.Logf("%-15s %d conversations × %d turns on %d backends: %d of %d prompt tokens cached, hit rate %.1f %%",
+			run, hitRateConversations, hitRateTurns, hitRateBackends, cached, prompt, 100*rate[run])
 	}
 	if d := rate["messages"] - rate["chat"]; d > 0.01 || d < -0.01 {
 		t.Errorf("hit rate over messages %.1f %%, over chat %.1f %%: want within a point", 100*rate["messages"], 100*rate["chat"])
 	}
-	// Cache-aware: every turn after the first finds its conversation.
+	// Cache-aware: every turn after the first finds its conversation,
+	// which a policy blind to the cache does in one turn of four.
 	if floor := 0.6 * float64(hitRateTurns-1) / float64(hitRateTurns); rate["messages"] < floor {
 		t.Errorf("hit rate over messages %.1f %%, want at least %.0f %%", 100*rate["messages"], 100*floor)
+	}
+	if rate["messages/random"] > rate["messages"]-0.2 {
+		t.Errorf("hit rate over messages %.1f %% with kvroute, %.1f %% with random: want kvroute's far above",
+			100*rate["messages"], 100*rate["messages/random"])
 	}
 }
 
