@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/kvroute/kvroute/internal/anthropic"
 	"github.com/kvroute/kvroute/internal/openai"
 )
 
@@ -18,8 +19,15 @@ func badRequest(param, format string, args ...any) *openai.Error {
 	}
 }
 
-// writeError sends e as the whole response.
-func writeError(w http.ResponseWriter, e *openai.Error) { e.Write(w) }
+// writeError sends e as the whole response, in the shape of the API the
+// client speaks (messages.go).
+func writeError(w http.ResponseWriter, e *openai.Error) {
+	if _, ok := w.(messagesWriter); ok {
+		anthropic.WriteError(w, e)
+		return
+	}
+	e.Write(w)
+}
 
 // writeJSON sends v as a JSON response with the given status.
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -22,7 +22,8 @@ import (
 // JSON form is what GET and PUT /admin/faults exchange.
 //
 // Hang, HangAfterFirst, the rates and DieAfterTokens apply to
-// POST /v1/chat/completions and /v1/completions, and are read once when a
+// POST /v1/chat/completions, /v1/completions, /v1/responses and
+// /v1/messages, and are read once when a
 // request arrives: changing them does not release a request already hung.
 // Slow applies to the engine, so to every request in flight, from its next
 // step on. HealthFail applies to GET /health.

@@ -21,6 +21,9 @@ var _ http.Handler = (*Server)(nil)
 // ServeHTTP serves the OpenAI-compatible API, /health, /metrics and, if
 // Config.Admin is set, /admin/faults.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/v1/messages") {
+		w = messagesWriter{w} // messages.go: errors in Anthropic's shape
+	}
 	if s.apiKey && r.Method != http.MethodOptions && needsKey(r.URL.Path) && !s.authorized(r) {
 		s.injected(faultUnauthorized)
 		writeError(w, unauthorized())
@@ -38,6 +41,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/v1/responses":
 		if allow(w, r, http.MethodPost) {
 			s.handleResponses(w, r) // responses.go
+		}
+	case "/v1/messages":
+		if allow(w, r, http.MethodPost) {
+			s.handleMessages(w, r) // messages.go
+		}
+	case "/v1/messages/count_tokens":
+		if allow(w, r, http.MethodPost) {
+			s.handleCountTokens(w, r)
 		}
 	case "/tokenize":
 		if allow(w, r, http.MethodPost) {
@@ -166,6 +177,10 @@ type exchange struct {
 	// not nil, is called with the call once the response completed.
 	responses bool
 	done      func(*call)
+	// messages marks a Messages API request (messages.go); call is the
+	// engine's call once serve made it.
+	messages bool
+	call     *call
 }
 
 // modelNotFound is vLLM's error for a model it does not serve.
@@ -217,6 +232,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, x *exchange, prom
 		writeError(w, submitError(err))
 		return
 	}
+	x.call = c
 	var ok bool
 	if x.stream {
 		ok = s.stream(r.Context(), w, c, x)
@@ -287,6 +303,8 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x 
 	switch {
 	case x.responses:
 		writeJSON(w, http.StatusOK, s.response(x, c, true)) // responses.go
+	case x.messages:
+		writeJSON(w, http.StatusOK, s.message(x, c, true)) // messages.go
 	case x.chat:
 		writeJSON(w, http.StatusOK, chatCompletion{
 			ID: x.id, Object: "chat.completion", Created: x.created, Model: s.model,
@@ -328,9 +346,7 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *call, x *
 		if err != nil {
 			s.abort(c)
 			if errors.Is(err, errStopped) {
-				buf = unavailable().AppendEvent(buf[:0])
-				buf = append(buf, "data: [DONE]\n\n"...)
-				_, _ = w.Write(buf)
+				_, _ = w.Write(errorEvent(w, buf[:0], unavailable()))
 				_ = rc.Flush()
 			}
 			return false
@@ -384,7 +400,7 @@ func (s *Server) cutStream(ctx context.Context, w http.ResponseWriter, rc *http.
 	}
 	s.injected(faultHangAfterFirst)
 	if s.hang(ctx) {
-		_, _ = w.Write(append(unavailable().AppendEvent(buf[:0]), "data: [DONE]\n\n"...))
+		_, _ = w.Write(errorEvent(w, buf[:0], unavailable()))
 		_ = rc.Flush()
 	}
 	return false

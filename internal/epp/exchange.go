@@ -92,7 +92,7 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) (done bool, err erro
 		b := v.ResponseBody
 		if x.watch == nil {
 			x.watch = newWatcher(false)
-			x.watch.responses = x.path == "/v1/responses"
+			x.watch.responses, x.watch.messages = x.path == "/v1/responses", isMessages(x.path)
 		}
 		if x.watch.feed(b.GetBody()) && !x.first {
 			x.first = true
@@ -160,10 +160,10 @@ func headerMap(h *corev3.HeaderMap) map[string]string {
 }
 
 // generation reports whether the request is one the policy routes: a chat,
-// completion or Responses API POST with a body.
+// completion, Responses API or Messages API POST with a body.
 func (x *exchange) generation(hasBody bool) bool {
 	return hasBody && x.method == http.MethodPost &&
-		(x.path == "/v1/chat/completions" || x.path == "/v1/completions" || x.path == "/v1/responses")
+		(x.path == "/v1/chat/completions" || x.path == "/v1/completions" || x.path == "/v1/responses" || x.path == "/v1/messages")
 }
 
 // candidates returns the endpoints in rotation that serve model ("": any),
@@ -245,9 +245,10 @@ func (x *exchange) decide(hasBody, eos bool) (done bool, err error) {
 	}
 	x.t, x.release, x.start, x.stream = t, release, t0, g.Stream
 	body := x.body
-	// A Responses API stream ends with its usage (response.completed)
-	// and has no stream_options.
-	if g.Stream && !g.IncludeUsage && x.p.opts.IncludeUsage && x.path != "/v1/responses" {
+	// A Responses API stream ends with its usage (response.completed), a
+	// Messages API stream has it in message_start and message_delta; neither
+	// has stream_options.
+	if g.Stream && !g.IncludeUsage && x.p.opts.IncludeUsage && x.path != "/v1/responses" && x.path != "/v1/messages" {
 		body, _ = request.WithIncludeUsage(body)
 	}
 	list := x.p.destinations(t.Decision, room)
@@ -312,7 +313,7 @@ func (x *exchange) reply(list []string, body []byte, hasBody, eos bool) error {
 func (x *exchange) refuse(e *openai.Error, retryAfter, label string) error {
 	x.p.metrics.requests.WithLabelValues(label).Inc()
 	x.replied = true
-	return x.srv.Send(immediate(e, retryAfter))
+	return x.srv.Send(immediate(e, retryAfter, isMessages(x.path)))
 }
 
 func noEndpoint(format string, args ...any) *openai.Error {
@@ -327,7 +328,7 @@ func (x *exchange) responseHeaders(h *corev3.HeaderMap, md *corev3.Metadata) {
 	hm := headerMap(h)
 	x.status, _ = strconv.Atoi(hm[":status"])
 	x.watch = newWatcher(strings.Contains(hm["content-type"], "text/event-stream"))
-	x.watch.responses = x.path == "/v1/responses"
+	x.watch.responses, x.watch.messages = x.path == "/v1/responses", isMessages(x.path)
 	served := md.GetFilterMetadata()[MetadataNamespace].GetFields()[KeyServed].GetStringValue()
 	if x.t == nil || served == "" || served == Address(x.t.Backend) {
 		return

@@ -9,6 +9,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/kvroute/kvroute/internal/anthropic"
 	"github.com/kvroute/kvroute/internal/openai"
 )
 
@@ -94,8 +95,11 @@ func bodyChunks(response bool, b []byte, eos bool) []*extprocv3.ProcessingRespon
 
 // immediate is Envoy's local reply: status with an OpenAI-shaped JSON body,
 // and Retry-After (seconds) when not empty.
-func immediate(e *openai.Error, retryAfter string) *extprocv3.ProcessingResponse {
+func immediate(e *openai.Error, retryAfter string, messages bool) *extprocv3.ProcessingResponse {
 	data := e.JSON()
+	if messages {
+		data = anthropic.ErrorJSON(e) // the Messages API's shape on its path
+	}
 	set := []*corev3.HeaderValueOption{setHeader("content-type", "application/json")}
 	if retryAfter != "" {
 		set = append(set, setHeader("retry-after", retryAfter))

@@ -21,6 +21,8 @@ type watcher struct {
 	// responses is set for a Responses API response: its id is read.
 	responses  bool
 	responseID string
+	// messages is set for a Messages API response (messages.go).
+	messages bool
 
 	line     []byte // an SSE line not yet ended
 	skipLine bool   // the current line grew past maxLine
@@ -89,7 +91,11 @@ func (w *watcher) end() {
 			Usage *usageJSON `json:"usage"`
 		}
 		if json.Unmarshal(w.doc, &doc) == nil && doc.Usage != nil {
-			w.setUsage(doc.Usage)
+			if w.messages {
+				w.setMessagesUsage(doc.Usage)
+			} else {
+				w.setUsage(doc.Usage)
+			}
 		}
 		if w.responses {
 			w.responseID = doc.ID
@@ -118,6 +124,10 @@ type chunkJSON struct {
 		} `json:"delta"`
 	} `json:"choices"`
 	Usage *usageJSON `json:"usage"`
+	// Message is a Messages API message_start's message.
+	Message *struct {
+		Usage *usageJSON `json:"usage"`
+	} `json:"message"`
 }
 
 // usageJSON is a chat or completion usage (prompt_tokens, ...) or a
@@ -129,6 +139,10 @@ type usageJSON struct {
 	InputTokens         *int        `json:"input_tokens"`
 	OutputTokens        *int        `json:"output_tokens"`
 	InputTokensDetails  *cachedJSON `json:"input_tokens_details"`
+	// The Messages API's: input_tokens is then the part not read from the
+	// cache.
+	CacheReadInputTokens     *int `json:"cache_read_input_tokens"`
+	CacheCreationInputTokens *int `json:"cache_creation_input_tokens"`
 }
 
 type cachedJSON struct {
@@ -148,6 +162,10 @@ func (w *watcher) event(line []byte) {
 	}
 	var c chunkJSON
 	if json.Unmarshal(data, &c) != nil {
+		return
+	}
+	if w.messages {
+		w.messagesEvent(&c) // messages.go
 		return
 	}
 	for _, ch := range c.Choices {

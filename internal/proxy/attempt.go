@@ -246,7 +246,7 @@ func (a *attempt) brokeOff(hw *heldWriter, cause, err error, stream, canRetry bo
 		return f, false
 	}
 	p.log.Warn("stream cut, ending it with an error event", "request_id", a.c.id, "backend", b.Name, "reason", kind, "err", err)
-	if _, werr := hw.Write(cutEvent(e)); werr == nil {
+	if _, werr := hw.Write(cutEvent(a.c.ep, e)); werr == nil {
 		_ = hw.FlushError()
 	}
 	return nil, false
@@ -260,7 +260,7 @@ func (a *attempt) cut(kind string, err error, e *apiError) *failure {
 	if rec == nil || (kind != "read" && kind != "idle") {
 		return nil
 	}
-	f := &failure{kind: "reset", err: err, cut: true, cause: causeReset, at: a.p.now(), event: cutEvent(e)}
+	f := &failure{kind: "reset", err: err, cut: true, cause: causeReset, at: a.p.now(), event: cutEvent(a.c.ep, e)}
 	a.out.Status = e.Status // the ticket finishes as failed: no pin to a response cut short
 	switch {
 	case kind == "idle":
@@ -428,7 +428,11 @@ func (a *attempt) copyBody(w http.ResponseWriter, res *http.Response, body io.Re
 		}
 	}
 	if keep {
-		if u, ok := sse.ParseUsage(jsonscan.Field(capture.Bytes(), "usage")); ok {
+		parse := sse.ParseUsage
+		if a.c.ep == request.Messages {
+			parse = sse.ParseMessagesUsage
+		}
+		if u, ok := parse(jsonscan.Field(capture.Bytes(), "usage")); ok {
 			a.setUsage(u)
 		}
 		if a.c.ep == request.Responses {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 
+	"github.com/kvroute/kvroute/internal/anthropic"
 	"github.com/kvroute/kvroute/internal/openai"
 )
 
@@ -33,8 +34,15 @@ const (
 // one type the emulator answers with too.
 type apiError = openai.Error
 
-// writeError sends e as the whole response.
-func writeError(w http.ResponseWriter, e *apiError) { e.Write(w) }
+// writeError sends e as the whole response, in the shape of the API the
+// client speaks (messages.go).
+func writeError(w http.ResponseWriter, e *apiError) {
+	if speaksMessages(w) {
+		anthropic.WriteError(w, e)
+		return
+	}
+	e.Write(w)
+}
 
 // notFound is the 404 of a path the proxy does not serve.
 func notFound(r *http.Request) *apiError {

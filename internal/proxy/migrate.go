@@ -301,9 +301,3 @@ func (p *Proxy) endCut(w http.ResponseWriter, f *failure) {
 		_ = sse.Flush(sse.FlusherOf(w))
 	}
 }
-
-// cutEvent is the error event and [DONE] that end a cut stream.
-func cutEvent(e *apiError) []byte {
-	ev := e.AppendEvent(make([]byte, 0, 256))
-	return append(ev, "data: [DONE]\n\n"...)
-}

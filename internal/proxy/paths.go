@@ -16,8 +16,9 @@ type pathRule struct {
 
 // defaultRules are the API paths the proxy forwards without --allow-path:
 // the OpenAI inference endpoints (POST /v1/responses to create a response
-// included), the model list and one model's entry, and vLLM's /v1/rerank
-// and /v1/score (inference, as embeddings are). Everything else a backend
+// included), Anthropic's Messages API and its token count, the model list
+// and one model's entry, and vLLM's /v1/rerank and /v1/score (inference,
+// as embeddings are). Everything else a backend
 // serves — vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter,
 // /sleep, /wake_up, /v1/files, the stored responses under /v1/responses/
 // (retrieve, cancel, input items), the tokenizers at the root — changes the
@@ -27,6 +28,8 @@ var defaultRules = []pathRule{
 	{path: "/v1/chat/completions"},
 	{path: "/v1/completions"},
 	{path: "/v1/responses", methods: []string{http.MethodPost}},
+	{path: "/v1/messages", methods: []string{http.MethodPost}},
+	{path: "/v1/messages/count_tokens", methods: []string{http.MethodPost}},
 	{path: "/v1/embeddings"},
 	{path: "/v1/models"},
 	{path: "/v1/models/", subtree: true, methods: []string{http.MethodGet, http.MethodHead}},

@@ -1,6 +1,7 @@
 // Package proxy is the OpenAI-compatible HTTP front of `kvroute serve`.
 //
-// For each chat, completion or Responses API (/v1/responses) request it reads the body once into the
+// For each chat, completion, Responses API (/v1/responses) or Anthropic
+// Messages API (/v1/messages) request it reads the body once into the
 // router's request facts (model, session key, the prompt rendered
 // canonically, max tokens), asks the routing policy to pick one of the
 // healthy backends that serve the model, counts the request on that backend
@@ -299,6 +300,9 @@ func New(cfg Config) (*Proxy, error) {
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tagRequest(w, r) // requestid.go: X-Request-Id
 	defer p.traceRequest(&w, &r)()
+	if messagesPath(r.URL.Path) {
+		w = &messagesWriter{w} // messages.go: kvroute's errors in Anthropic's shape
+	}
 	var ok bool
 	if r, ok = p.admit(w, r); !ok { // security.go: path, key, allow-list, rate
 		return
@@ -316,6 +320,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/v1/responses":
 		if p.allow(w, r, http.MethodPost) {
 			p.serveGeneration(w, r, request.Responses)
+		}
+	case "/v1/messages":
+		if p.allow(w, r, http.MethodPost) {
+			p.serveGeneration(w, r, request.Messages)
 		}
 	case "/v1/embeddings":
 		if p.allow(w, r, http.MethodPost) {

@@ -120,6 +120,9 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 	var c *auth.Client
 	if len(s.keys) > 0 {
 		token, ok := auth.Bearer(r.Header)
+		if !ok && messagesPath(path) {
+			token, ok = messagesKey(r.Header) // messages.go: Anthropic's x-api-key
+		}
 		if ok {
 			c = s.keys.Find(token)
 		}
@@ -127,7 +130,11 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 			reason := map[bool]string{true: "invalid", false: "missing"}[ok]
 			s.authFailed.WithLabelValues(reason).Inc()
 			p.log.Debug("request refused: API key "+reason, "path", path, "remote", r.RemoteAddr)
-			p.reject(w, unauthorized(!ok))
+			e := unauthorized(!ok)
+			if !ok && messagesPath(path) {
+				e.Message = "You didn't provide an API key: send it in the x-api-key header, or as Authorization: Bearer KEY."
+			}
+			p.reject(w, e)
 			return r, false
 		}
 		r = r.WithContext(auth.NewContext(r.Context(), c))
@@ -220,6 +227,7 @@ func (p *Proxy) withCredentials(out *http.Request, b *fleet.Backend) *http.Reque
 		out.Header.Del("Authorization")
 		out.Header.Del("Cookie")
 		out.Header.Del("Proxy-Authorization")
+		out.Header.Del("X-Api-Key") // Anthropic's clients send their key there
 	}
 	b.Authorize(out.Header)
 	return out

@@ -45,10 +45,11 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep reque
 		return
 	}
 	c := &call{ep: ep, req: &g.Request, body: body, stream: g.Stream, deadline: entry.Deadline, model: g.Request.Model}
-	if g.Stream && !g.IncludeUsage && ep != request.Responses {
+	if g.Stream && !g.IncludeUsage && ep != request.Responses && ep != request.Messages {
 		// Ask for the usage chunk so that the router learns what the
 		// backend had cached; the client will not see it. (A Responses
-		// API stream always ends with its usage, in response.completed.)
+		// API stream always ends with its usage, in response.completed,
+		// and a Messages API stream in message_start and message_delta.)
 		c.body, c.hideUsage = request.WithIncludeUsage(body)
 	}
 	if g.Stream && p.res.MaxMigrations > 0 && continuable(ep, body) {

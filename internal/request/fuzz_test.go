@@ -15,7 +15,8 @@ import (
 const chatBody = `{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello there"}],"max_tokens":8}`
 
 // FuzzParseGeneration feeds request bodies to the chat and completion
-// parser, and the chat bodies to the Responses API parser too. It must not
+// parser, and the chat bodies to the Responses and Messages API parsers
+// too. It must not
 // panic; it either accepts the body with a model, or refuses it with a 4xx
 // OpenAI error; and when it asks the backend for the usage chunk the body
 // it sends stays valid JSON.
@@ -24,6 +25,9 @@ func FuzzParseGeneration(f *testing.F) {
 	f.Add([]byte(`{"model":"m","prompt":["a","b"],"max_tokens":3,"stream":true}`), false, "s")
 	f.Add([]byte(`{"model":"m","instructions":"S","input":[{"role":"user","content":[{"type":"input_text","text":"a"}]},`+
 		`{"type":"function_call","call_id":"c","arguments":"{}"}],"previous_response_id":"r","metadata":{"session_id":"s"}}`), true, "")
+	f.Add([]byte(`{"model":"m","max_tokens":9,"system":[{"type":"text","text":"S"}],"tools":[{"name":"t","input_schema":{}}],`+
+		`"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"x","content":[{"type":"image","source":{}}]}]}],`+
+		`"metadata":{"user_id":"u"},"stream":true}`), true, "")
 	f.Fuzz(func(t *testing.T, body []byte, chat bool, session string) {
 		ep := Completion
 		if chat {
@@ -32,6 +36,7 @@ func FuzzParseGeneration(f *testing.F) {
 		fuzzGeneration(t, ep, body, session)
 		if chat {
 			fuzzGeneration(t, Responses, body, session)
+			fuzzGeneration(t, Messages, body, session)
 		}
 	})
 }

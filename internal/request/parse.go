@@ -32,6 +32,9 @@ type Generation struct {
 // with. It is one function so that the body's members are read in one
 // pass, each noted where it is found.
 func Parse(ep Endpoint, body []byte, session string) (*Generation, *openai.Error) {
+	if ep == Messages {
+		return parseMessages(body, session) // messages.go
+	}
 	obj, e := jsonObject(body)
 	if e != nil {
 		return nil, e

@@ -31,10 +31,11 @@ const (
 	Embedding
 	Other
 	Responses // POST /v1/responses, routed as chat is
+	Messages  // POST /v1/messages (Anthropic's Messages API), routed as chat is
 )
 
 // ParseGeneration reads the body of a request to path, which must be
-// /v1/chat/completions or /v1/responses (any other path is read as
+// /v1/chat/completions, /v1/responses or /v1/messages (any other path is read as
 // /v1/completions), as the proxy does. session is the session header's
 // value (X-Session-ID by default), which takes precedence over the body's
 // session keys (prompt_cache_key, previous_response_id, safety_identifier,
@@ -46,6 +47,8 @@ func ParseGeneration(path string, body []byte, session string) (*Generation, *op
 		ep = Chat
 	case "/v1/responses":
 		ep = Responses
+	case "/v1/messages":
+		ep = Messages
 	}
 	return Parse(ep, body, session)
 }

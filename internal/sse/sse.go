@@ -60,7 +60,8 @@ func ParseUsage(v []byte) (u Usage, ok bool) {
 // and notes [DONE]. It reads the Responses API's typed events too: a
 // "response.….delta" event with a non-empty delta (output text, reasoning,
 // refusal, function call arguments) carries content, and the "response"
-// object of response.completed (or .incomplete, .failed) its usage. When
+// object of response.completed (or .incomplete, .failed) its usage; and
+// the Messages API's (messages.go). When
 // HideUsage is set the front asked for usage on the client's behalf, and
 // the scanner says how to take it back out: drop the usage-only chunk and
 // cut `"usage":null` from the others. A Scanner reads one stream, on one
@@ -117,7 +118,7 @@ func (s *Scanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 		if !jsonscan.IsObject(data) {
 			continue
 		}
-		var choices, typ, delta, resp []byte
+		var choices, typ, delta, resp, msg []byte
 		var use jsonscan.Member
 		hasUse := false
 		var id ident // for Rec
@@ -133,6 +134,8 @@ func (s *Scanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 				delta = data[m.Val:m.End]
 			case m.Is("response"):
 				resp = data[m.Val:m.End]
+			case m.Is("message"):
+				msg = data[m.Val:m.End]
 			case s.Rec != nil:
 				id.note(m, data)
 			}
@@ -140,8 +143,11 @@ func (s *Scanner) inspect(ev []byte) (drop bool, cutFrom, cutTo int) {
 		if s.Rec != nil && s.Rec.note(data, &id, choices) {
 			return true, 0, 0 // the backend's error event: the copy stops
 		}
-		if hasContent(choices) || isResponseDelta(typ, delta) {
+		if hasContent(choices) || isResponseDelta(typ, delta) || isMessagesDelta(typ, delta) {
 			s.Tokens++
+		}
+		if s.messagesUsage(typ, msg, data, use, hasUse) { // messages.go
+			continue
 		}
 		if jsonscan.IsObject(resp) {
 			if s.ResponseID == "" {
