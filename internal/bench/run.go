@@ -171,9 +171,10 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 	if recordBlocks {
 		c.BlockTokens = blockTokens
 	}
-	if f.watch == nil {
+	if f.watch == nil && cfg.Faults != nil {
 		// Every emulator gives an equal prompt an equal reply: a spliced
-		// stream must be the reply any of them gives.
+		// stream must be the reply any of them gives. Only under faults:
+		// the check delays each conversation's next turn by a tokenization.
 		c.CheckReplies, c.EmulatorSeed = true, cfg.Seed
 	}
 	var (
