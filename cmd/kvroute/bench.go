@@ -164,7 +164,11 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		if cfg.Faults != nil {
 			fmt.Fprintf(stdout, "faults %s:\n", cfg.Faults.Name)
 			for _, w := range cfg.Faults.Windows {
-				fmt.Fprintf(stdout, "  %3.0f %% to %3.0f %% of the arrivals: backend %d %s\n", 100*w.At, 100*w.Until, w.Backend, w.Fault)
+				detail := ""
+				if w.Fault == bench.FaultDie && w.Tokens > 0 {
+					detail = fmt.Sprintf(" after %d tokens", w.Tokens)
+				}
+				fmt.Fprintf(stdout, "  %3.0f %% to %3.0f %% of the arrivals: backend %d %s%s\n", 100*w.At, 100*w.Until, w.Backend, w.Fault, detail)
 			}
 		}
 		fmt.Fprintln(stdout)

@@ -60,6 +60,14 @@ type Client struct {
 	// llama.cpp's ignore_eos), so that output lengths are the workload's even
 	// when a model would stop early.
 	IgnoreEOS bool
+	// CheckReplies checks every completed reply's text against the one the
+	// emulated backends, seeded EmulatorSeed, give its prompt
+	// (Result.TextWrong): they all give an equal prompt an equal reply.
+	CheckReplies bool
+	EmulatorSeed uint64
+	// Start, when not zero, is the run's start, from which arrivals and
+	// Result.Sent count; zero: when Run is called.
+	Start time.Time
 }
 
 // fail records err as the request's failure.
@@ -106,7 +114,10 @@ func (c *Client) http() *http.Client {
 // ctx is done.
 func (c *Client) Run(ctx context.Context, sessions []workload.Session, done func(results.Result)) []results.Result {
 	c.http()
-	start := time.Now()
+	start := c.Start
+	if start.IsZero() {
+		start = time.Now()
+	}
 	var (
 		mu  sync.Mutex
 		out []results.Result
@@ -140,6 +151,9 @@ func (c *Client) Run(ctx context.Context, sessions []workload.Session, done func
 			res.Session, res.Turn, res.Heavy = i, t, turn.Heavy
 			if c.BlockTokens > 0 && res.Err == nil {
 				res.PromptBlocks, res.SequenceBlocks = blocks(msgs, reply, c.BlockTokens)
+			}
+			if c.CheckReplies && res.Err == nil && turn.MaxTokens > 0 { // no limit: a natural length
+				res.TextWrong = reply != emulatorReply(c.EmulatorSeed, msgs, turn.MaxTokens)
 			}
 			record(res)
 			if res.Err != nil {
@@ -196,6 +210,18 @@ func blocks(msgs []message, reply string, blockTokens int) (prompt, sequence []u
 	ids = tokenizer.Encode(ids, reply)
 	sequence = engine.HashTokens(nil, ids, blockTokens)
 	return sequence[:min(len(sequence), n/blockTokens)], sequence
+}
+
+// emulatorReply is the text an emulator seeded seed streams for a chat of
+// msgs limited to maxTokens tokens: the first maxTokens tokens of the reply
+// seeded by its rendered prompt (emulator.newCall).
+func emulatorReply(seed uint64, msgs []message, maxTokens int) string {
+	tm := make([]tokenizer.Message, len(msgs))
+	for i, m := range msgs {
+		tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
+	}
+	_, pieces := tokenizer.Generate(tokenizer.ReplySeed(seed, tokenizer.EncodeChat(nil, tm, true)), maxTokens)
+	return strings.Join(pieces, "")
 }
 
 // model converts a wall duration into model time.
@@ -312,6 +338,7 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	sawDone, chunks := false, 0
+	var last time.Time // when the latest content chunk came
 	for sc.Scan() {
 		line := sc.Bytes()
 		data, ok := bytes.CutPrefix(line, []byte("data: "))
@@ -336,9 +363,13 @@ func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs
 				continue
 			}
 			chunks++
+			now := time.Now()
 			if chunks == 1 {
-				res.TTFT = c.model(time.Since(sent))
+				res.TTFT = c.model(now.Sub(sent))
+			} else {
+				res.MaxGap = max(res.MaxGap, c.model(now.Sub(last)))
 			}
+			last = now
 			reply.WriteString(ch.Delta.Content)
 		}
 		if tm := chunk.Timings; tm != nil && tm.PromptMS > 0 {

@@ -104,6 +104,14 @@ var builtinFaults = map[string][]FaultWindow{
 		{At: 0.6, Until: 0.8, Backend: 3, Fault: Fault429, Rate: 1, RetryAfter: 1},
 		{At: 0.7, Until: 0.9, Backend: 1, Fault: FaultSlow, Factor: 4},
 	},
+	// streams: the faults that cut a stream after its first token, one at
+	// a time but for a short overlap, so that each cut has a healthy
+	// backend to continue on.
+	"streams": {
+		{At: 0.2, Until: 0.5, Backend: 0, Fault: FaultKill},
+		{At: 0.4, Until: 0.6, Backend: 1, Fault: FaultHangAfterFirst},
+		{At: 0.7, Until: 0.9, Backend: 2, Fault: FaultDie, Tokens: 8},
+	},
 }
 
 // FaultNames lists the built-in schedules.
@@ -279,14 +287,26 @@ func faultSpan(sessions []workload.Session) (time.Duration, error) {
 // nobody would ever answer.
 const faultClientTimeout = 3 * time.Minute
 
+// faultEvent is one backend's faults as set at one point of a run.
+type faultEvent struct {
+	// at is when they were in force, in model time from the run's start.
+	at      time.Duration
+	backend int
+	faults  emulator.Faults
+	killed  bool
+}
+
+// faultLog is what driveFaults did, in order; read it after its stop.
+type faultLog []faultEvent
+
 // driveFaults applies s to f's emulated backends, the run's arrival span
-// being span of model time from now, until every window has passed or ctx
-// is done. The returned stop ends it early and waits for it; it leaves the
-// backends as they are (Fleet.Close stops them all).
-func driveFaults(ctx context.Context, f *Fleet, s *FaultSchedule, span time.Duration, scale float64, logger *slog.Logger) (stop func()) {
+// being span of model time from start, until every window has passed or
+// ctx is done, and records each change in log. The returned stop ends it
+// early and waits for it; it leaves the backends as they are (Fleet.Close
+// stops them all).
+func driveFaults(ctx context.Context, f *Fleet, s *FaultSchedule, start time.Time, span time.Duration, scale float64, log *faultLog, logger *slog.Logger) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	start := time.Now()
 	go func() {
 		defer close(done)
 		killed := make([]bool, len(f.Names))
@@ -318,6 +338,7 @@ func driveFaults(ctx context.Context, f *Fleet, s *FaultSchedule, span time.Dura
 				if err := f.Server(b).SetFaults(faults); err != nil {
 					logger.Error("fault schedule", "backend", b, "err", err)
 				}
+				*log = append(*log, faultEvent{at: time.Duration(float64(time.Since(start)) / scale), backend: b, faults: faults, killed: kill})
 			}
 		}
 	}()
@@ -331,5 +352,41 @@ func driveFaults(ctx context.Context, f *Fleet, s *FaultSchedule, span time.Dura
 func markFaults(s *FaultSchedule, span time.Duration, res []results.Result) {
 	for i := range res {
 		res[i].InFault = s.Active(float64(res[i].Sent) / float64(span))
+	}
+}
+
+// markMigrated flags the completed streams that a fault in log cut on the
+// backend that began them (names[i] is backend i's X-Kvroute-Backend):
+// those in flight when it was killed, and those sent to it while it
+// stalled streams after their first token or cut them before the tokens
+// they had. Without the header (a balancer) nothing is flagged: a
+// balancer has no migration.
+func markMigrated(log faultLog, names []string, res []results.Result) {
+	for i := range res {
+		r := &res[i]
+		b := slices.Index(names, r.Backend)
+		if r.Err != nil || b < 0 {
+			continue
+		}
+		var now emulator.Faults // the backend's faults when r was sent
+		for _, e := range log {
+			if e.backend != b {
+				continue
+			}
+			if e.at <= r.Sent {
+				now = e.faults
+			}
+			if e.killed && r.Sent < e.at && e.at < r.Sent+r.E2E {
+				r.Migrated = true
+			}
+		}
+		switch {
+		case r.Migrated:
+			r.CutBy = FaultKill
+		case now.HangAfterFirst:
+			r.Migrated, r.CutBy = true, "stall"
+		case now.DieAfterTokens > 0 && r.CompletionTokens > now.DieAfterTokens:
+			r.Migrated, r.CutBy = true, FaultDie
+		}
 	}
 }

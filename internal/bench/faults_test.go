@@ -3,12 +3,15 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -192,5 +195,112 @@ func TestBenchFaults(t *testing.T) {
 		if !strings.Contains(buf.String(), row) {
 			t.Errorf("table lacks %q:\n%s", row, buf.String())
 		}
+	}
+}
+
+// A stream is flagged migrated when the backend that began it was killed
+// while it streamed, or began it while stalling or cutting streams, and
+// never when it failed or came through a balancer (no backend header).
+func TestMarkMigrated(t *testing.T) {
+	s := time.Second
+	log := faultLog{
+		{at: 10 * s, backend: 0, killed: true},
+		{at: 20 * s, backend: 1, faults: emulator.Faults{HangAfterFirst: true}},
+		{at: 20 * s, backend: 2, faults: emulator.Faults{DieAfterTokens: 8}},
+		{at: 30 * s, backend: 0},
+		{at: 30 * s, backend: 1},
+		{at: 30 * s, backend: 2},
+	}
+	names := []string{"gpu0", "gpu1", "gpu2"}
+	tests := []struct {
+		name string
+		r    results.Result
+		want string // CutBy; "": not migrated
+	}{
+		{"in flight at the kill", results.Result{Backend: "gpu0", Sent: 5 * s, E2E: 10 * s, CompletionTokens: 100}, "kill"},
+		{"ended before the kill", results.Result{Backend: "gpu0", Sent: 1 * s, E2E: 5 * s, CompletionTokens: 100}, ""},
+		{"after the restart", results.Result{Backend: "gpu0", Sent: 31 * s, E2E: 5 * s, CompletionTokens: 100}, ""},
+		{"sent to a stalling backend", results.Result{Backend: "gpu1", Sent: 25 * s, E2E: 70 * s, CompletionTokens: 100}, "stall"},
+		{"sent before it stalled", results.Result{Backend: "gpu1", Sent: 15 * s, E2E: 10 * s, CompletionTokens: 100}, ""},
+		{"longer than the cut", results.Result{Backend: "gpu2", Sent: 25 * s, E2E: 5 * s, CompletionTokens: 9}, "die"},
+		{"within the cut", results.Result{Backend: "gpu2", Sent: 25 * s, E2E: 5 * s, CompletionTokens: 8}, ""},
+		{"failed", results.Result{Backend: "gpu0", Sent: 5 * s, E2E: 10 * s, Err: errors.New("cut"), Error: "cut"}, ""},
+		{"through a balancer", results.Result{Sent: 5 * s, E2E: 10 * s, CompletionTokens: 100}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := []results.Result{tt.r}
+			markMigrated(log, names, res)
+			if res[0].Migrated != (tt.want != "") || res[0].CutBy != tt.want {
+				t.Errorf("migrated %v, cut by %q; want %q", res[0].Migrated, res[0].CutBy, tt.want)
+			}
+		})
+	}
+}
+
+// The reply the bench expects is the one an emulator streams: the check
+// that catches a token lost or doubled in a splice must pass on an
+// uninterrupted stream.
+func TestEmulatorReply(t *testing.T) {
+	f := startFleet(t, "round-robin", 1, 0.01)
+	msgs := []message{{Role: "system", Content: "You are terse."}, {Role: "user", Content: "tell me a story"},
+		{Role: "assistant", Content: "Once."}, {Role: "tool", Content: "42"}}
+	c := &Client{BaseURL: f.URL, Model: f.Model, TimeScale: 0.01}
+	res, reply := c.chat(t.Context(), time.Now(), "s", msgs, 40)
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if want := emulatorReply(1, msgs, 40); reply != want {
+		t.Errorf("reply\n%q\nwant\n%q", reply, want)
+	}
+	if emulatorReply(2, msgs, 40) == reply {
+		t.Error("another seed gives the same reply: the check cannot fail")
+	}
+}
+
+// The streams schedule through kvroute's proxy (round robin, so that every
+// faulted backend gets streams): no request fails, the streams the faults
+// cut continue elsewhere with the text the emulators give, and the router
+// counts them too.
+func TestBenchStreamFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("plays a 20 s workload with a killed, a stalling and a cutting backend")
+	}
+	p, err := engine.LookupProfile(engine.DefaultProfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := workload.Load("long-gen", workload.Options{Duration: 20 * time.Second, Rate: 1, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched, err := LoadFaults("streams")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	rep, err := RunBench(ctx, Config{Workload: w, Backends: 3, Profile: p, Policies: []string{"round-robin"},
+		TimeScale: 0.05, Seed: 1, Faults: sched})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := rep.Runs[0].Summary
+	t.Logf("%d requests, %d errors; %d migrated, %d after a stall (router: %v), gap p50 %v p99 %v; %d of %d replies not the emulators' text",
+		s.Requests, s.Errors, s.Migrated, s.MigratedStalled, s.RouterMigrations, s.MigrationGapP50, s.MigrationGapP99, s.TextWrong, s.TextChecked)
+	if s.Errors != 0 || s.Requests != w.Requests() {
+		t.Errorf("%d of %d requests failed (%d lost, %d cut with an event, %d silently); want all %d answered",
+			s.Errors, s.Requests, s.Lost, s.CutWithEvent, s.CutSilent, w.Requests())
+	}
+	if s.Migrated == 0 {
+		t.Fatal("no stream was cut by a fault: the test proves nothing")
+	}
+	if s.TextWrong != 0 || s.TextChecked != s.Requests {
+		t.Errorf("%d of %d replies checked are not the emulators' text", s.TextWrong, s.TextChecked)
+	}
+	// The counts need not be equal: a stream may move twice, and one sent
+	// at a window's edge may reach the emulator on the other side of it.
+	if s.RouterMigrations["continued"] == 0 {
+		t.Errorf("the client saw %d streams continued, the router counts none (%v)", s.Migrated, s.RouterMigrations)
 	}
 }

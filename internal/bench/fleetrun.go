@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvroute/kvroute/internal/balancer"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
@@ -415,4 +417,34 @@ func IsBalancer(name string) bool {
 		}
 	}
 	return false
+}
+
+// migrations returns the router's kvroute_migrations_total by outcome, nil
+// when no kvroute router fronts the fleet.
+func (f *Fleet) migrations() map[string]int {
+	if f.router == nil {
+		return nil
+	}
+	g, ok := f.router.Proxy.Registerer().(prometheus.Gatherer)
+	if !ok {
+		return nil
+	}
+	fams, err := g.Gather()
+	if err != nil {
+		return nil
+	}
+	out := map[string]int{}
+	for _, mf := range fams {
+		if mf.GetName() != "kvroute_migrations_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" {
+					out[l.GetValue()] += int(m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	return out
 }

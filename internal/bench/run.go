@@ -171,8 +171,18 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 	if recordBlocks {
 		c.BlockTokens = blockTokens
 	}
-	var span time.Duration
+	if f.watch == nil && cfg.Faults != nil {
+		// Every emulator gives an equal prompt an equal reply: a spliced
+		// stream must be the reply any of them gives. Only under faults:
+		// the check delays each conversation's next turn by a tokenization.
+		c.CheckReplies, c.EmulatorSeed = true, cfg.Seed
+	}
+	var (
+		span   time.Duration
+		faults faultLog
+	)
 	stopFaults := func() {}
+	c.Start = time.Now()
 	if cfg.Faults != nil {
 		if span, err = faultSpan(sessions); err != nil {
 			return nil, err
@@ -182,16 +192,25 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 		if logger == nil {
 			logger = slog.New(slog.DiscardHandler)
 		}
-		stopFaults = driveFaults(ctx, f, cfg.Faults, span, cfg.TimeScale, logger)
+		stopFaults = driveFaults(ctx, f, cfg.Faults, c.Start, span, cfg.TimeScale, &faults, logger)
 	}
 	reqs := c.Run(ctx, sessions, done)
 	stopFaults()
 	if cfg.Faults != nil {
 		markFaults(cfg.Faults, span, reqs)
+		markMigrated(faults, f.Names, reqs)
 	}
 	series := sampler.stop()
 	run := &results.Run{Policy: policy, Requests: reqs, Backends: series}
 	run.Summary = results.Summarize(policy, reqs)
+	if c.CheckReplies {
+		for _, r := range reqs {
+			if r.Err == nil {
+				run.Summary.TextChecked++
+			}
+		}
+	}
+	run.Summary.RouterMigrations = f.migrations()
 	run.Summary.ApplySLO(reqs, cfg.SLO)
 	if cfg.Predictions && f.watch == nil && slices.ContainsFunc(reqs, func(r results.Result) bool { return r.PredictedCached > 0 }) {
 		// The router told its predictions (proxy.Config.Explain), and the

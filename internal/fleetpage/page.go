@@ -1,9 +1,9 @@
 // Package fleetpage is the live view of the fleet an operator opens in a
 // browser: one self-contained HTML page (/fleet) that polls a JSON view
 // (/fleet.json) of every backend's health, rotation, load, cache and
-// predictions, the admission queue, retries and the last routing decisions
-// with their cost terms. It is served on the admin listener beside
-// /metrics. Its cost when no one looks is one ring write per routed attempt
+// predictions, the admission queue, retries, migrations and the last
+// routing decisions with their cost terms. It is served on the admin
+// listener beside /metrics. Its cost when no one looks is one ring write per routed attempt
 // (Decisions); everything else is read when the page asks.
 package fleetpage
 
@@ -35,7 +35,8 @@ type Config struct {
 	Router *router.Router
 	// Gatherer reads the router's metrics (the proxy's registry), for the
 	// counts the page shows per minute: served by reason, TTFT, cached
-	// tokens, retries, the admission queue. Nil: those are left empty.
+	// tokens, retries, migrations, the admission queue. Nil: those are
+	// left empty.
 	Gatherer prometheus.Gatherer
 	// Decisions is how many recent decisions to keep (0: DefaultDecisions).
 	Decisions int
@@ -133,6 +134,7 @@ func (p *Page) View() View {
 	v.Admission = AdmissionView{Queued: int64(gauges.queued), InFlight: int64(gauges.inFlight),
 		Rejected: byLabel(kindRejected, cur, base.c, true), RejectedTotal: byLabel(kindRejected, cur, base.c, false)}
 	v.Retries, v.RetriesTotal = byLabel(kindRetries, cur, base.c, true), byLabel(kindRetries, cur, base.c, false)
+	v.Migrations, v.MigrationsTotal = byLabel(kindMigrations, cur, base.c, true), byLabel(kindMigrations, cur, base.c, false)
 	return v
 }
 

@@ -149,7 +149,8 @@ func TestView(t *testing.T) {
 	served := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvroute_requests_total"}, []string{"backend", "status", "reason", "model"})
 	retries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvroute_retries_total"}, []string{"backend", "reason"})
 	queue := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvroute_admission_queue_length"}, []string{"class"})
-	reg.MustRegister(served, retries, queue)
+	migrations := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvroute_migrations_total"}, []string{"cause", "outcome"})
+	reg.MustRegister(served, retries, queue, migrations)
 	p := New(Config{Fleet: f, Router: rt, Gatherer: reg, Now: clk.Now})
 	h := httptest.NewServer(p)
 	defer h.Close()
@@ -161,6 +162,9 @@ func TestView(t *testing.T) {
 	served.WithLabelValues("gpu0", "502", "least-cost", "m").Inc()
 	served.WithLabelValues("none", "429", "none", "none").Inc()
 	retries.WithLabelValues("gpu1", "dial").Inc()
+	migrations.WithLabelValues("reset", "continued").Add(2)
+	migrations.WithLabelValues("idle", "continued").Inc()
+	migrations.WithLabelValues("reset", "unsafe").Inc()
 	queue.WithLabelValues("default").Set(4)
 	route(t, rt, bs[:1])
 
@@ -188,6 +192,9 @@ func TestView(t *testing.T) {
 	}
 	if v.Retries["dial"] != 1 || v.RetriesTotal["dial"] != 1 || v.Admission.Queued != 4 {
 		t.Errorf("retries %v, queued %d", v.Retries, v.Admission.Queued)
+	}
+	if v.Migrations["continued"] != 3 || v.Migrations["unsafe"] != 1 || v.MigrationsTotal["continued"] != 3 {
+		t.Errorf("migrations %v, since the start %v; want 3 continued and 1 unsafe", v.Migrations, v.MigrationsTotal)
 	}
 
 	page, err := http.Get(h.URL + PagePath)

@@ -53,6 +53,8 @@ func (p *Page) read(bs []*fleet.Backend) (counters, gauges) {
 			each(func(m *dto.Metric, v float64) { c[key{kind: kindCached, a: label(m, "backend")}] += v })
 		case "kvroute_retries_total":
 			each(func(m *dto.Metric, v float64) { c[key{kind: kindRetries, a: label(m, "reason")}] += v })
+		case "kvroute_migrations_total":
+			each(func(m *dto.Metric, v float64) { c[key{kind: kindMigrations, a: label(m, "outcome")}] += v })
 		case "kvroute_admission_rejected_total":
 			each(func(m *dto.Metric, v float64) { c[key{kind: kindRejected, a: label(m, "reason")}] += v })
 		case "kvroute_deadline_refused_total":

@@ -26,6 +26,12 @@ type View struct {
 	// by reason, in the window; RetriesTotal since the start.
 	Retries      map[string]int64 `json:"retries"`
 	RetriesTotal map[string]int64 `json:"retries_total"`
+	// Migrations counts the cut streams the proxy tried to continue on
+	// another backend, by outcome (continued, finished, failed, unsafe,
+	// limit, no_backend: kvroute_migrations_total), in the window;
+	// MigrationsTotal since the start.
+	Migrations      map[string]int64 `json:"migrations"`
+	MigrationsTotal map[string]int64 `json:"migrations_total"`
 	// Decisions are the most recent routing decisions, newest first.
 	Decisions []DecisionView `json:"decisions"`
 	// DecisionsSkipped counts the decisions not kept because another was

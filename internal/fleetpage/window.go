@@ -32,8 +32,9 @@ const (
 	kindCached      = "cached" // a: backend; cached prompt tokens reported
 	kindEngineHits  = "engine_hits"
 	kindEngineQuery = "engine_queries"
-	kindRetries     = "retries"  // a: reason
-	kindRejected    = "rejected" // a: reason
+	kindRetries     = "retries"    // a: reason
+	kindMigrations  = "migrations" // a: outcome
+	kindRejected    = "rejected"   // a: reason
 )
 
 // sample is the counters at one moment.

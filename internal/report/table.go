@@ -94,6 +94,15 @@ func summaryTable(r *results.Report, styles []policyStyle) ([]column, []tableRow
 			tableColumn{column{"faults", "TTFT p99 in faults", ""}, -1, func(run results.Run) (float64, bool) {
 				return float64(run.Summary.FaultTTFTP99), run.Summary.FaultTTFTP99 > 0
 			}, func(v float64) string { return fmtDur(time.Duration(v)) }},
+			// How many cuts a migration hid depends on how many cuts there
+			// were: neither more nor fewer is better.
+			tableColumn{column{"faults", "streams continued", ""}, 0, func(run results.Run) (float64, bool) {
+				return float64(run.Summary.Migrated), true
+			}, intFmt},
+			tableColumn{column{"faults", "cut to next token p99", ""}, -1, func(run results.Run) (float64, bool) {
+				s := run.Summary
+				return float64(s.MigrationGapP99), s.Migrated > s.MigratedStalled
+			}, func(v float64) string { return fmtDur(time.Duration(v)) }},
 		)
 	}
 	if slices.ContainsFunc(r.Runs, func(run results.Run) bool { return run.Summary.TTFTError > 0 }) {

@@ -42,6 +42,23 @@ type Result struct {
 	// InFault marks a request sent while a fault of the run's schedule
 	// (`kvroute bench --faults`) was in force.
 	InFault bool `json:"in_fault,omitempty"`
+	// Migrated marks a stream that completed although a fault of the run's
+	// schedule cut it on the backend that began it (the router's
+	// X-Kvroute-Backend); CutBy names the fault: "kill" (killed while it
+	// streamed), "stall" (its first token, then nothing) or "die" (cut
+	// after a few tokens). MaxGap is the longest wait between two of the
+	// stream's content chunks: for a migrated stream, the time from the
+	// cut to the first continued token, within a decode step (after a
+	// stall, from the last token, the router's idle timeout included).
+	Migrated bool          `json:"migrated,omitempty"`
+	CutBy    string        `json:"cut_by,omitempty"`
+	MaxGap   time.Duration `json:"max_gap_ns,omitempty"`
+	// TextWrong marks a completed reply whose text is not the one the
+	// emulated backends give that prompt (their replies are a function of
+	// the seed and the prompt, wherever they run): a token lost or doubled
+	// where a stream was spliced. Checked only by a bench client that knows
+	// the emulators' seed.
+	TextWrong bool `json:"text_wrong,omitempty"`
 	// Sent is when the request was sent, from the start of the run.
 	Sent time.Duration `json:"sent_ns"`
 	// TTFT is the time to the first content token; E2E to the end.

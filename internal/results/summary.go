@@ -50,6 +50,24 @@ type Summary struct {
 	// are 0 for a run without faults.
 	FaultRequests int           `json:"fault_requests,omitempty"`
 	FaultTTFTP99  time.Duration `json:"fault_ttft_p99_ns,omitempty"`
+	// Migrated counts the streams a fault cut that completed all the same
+	// (Result.Migrated), MigratedStalled those of them cut by a stall;
+	// MigrationGapP50 and MigrationGapP99 are the percentiles of the
+	// cut-to-continuation gaps (Result.MaxGap) of the others (killed or cut
+	// backends), StallGapP50 and StallGapP99 of the stalled ones.
+	Migrated        int           `json:"migrated,omitempty"`
+	MigratedStalled int           `json:"migrated_stalled,omitempty"`
+	MigrationGapP50 time.Duration `json:"migration_gap_p50_ns,omitempty"`
+	MigrationGapP99 time.Duration `json:"migration_gap_p99_ns,omitempty"`
+	StallGapP50     time.Duration `json:"stall_gap_p50_ns,omitempty"`
+	StallGapP99     time.Duration `json:"stall_gap_p99_ns,omitempty"`
+	// TextChecked and TextWrong count the completed replies whose text was
+	// checked against the emulators' and those that differed.
+	TextChecked int `json:"text_checked,omitempty"`
+	TextWrong   int `json:"text_wrong,omitempty"`
+	// RouterMigrations are kvroute's own count of its migrations by outcome
+	// (kvroute_migrations_total), for a run behind kvroute; nil otherwise.
+	RouterMigrations map[string]int `json:"router_migrations,omitempty"`
 	// Imbalance is the busiest backend's busy time over the mean (1 is
 	// perfectly even); 0 when unknown.
 	Imbalance float64 `json:"imbalance"`
@@ -128,6 +146,7 @@ type Summarizer struct {
 
 	s                                 Summary
 	ttft, e2e, itl, server, faultTTFT Latencies
+	migrationGap, stallGap            Latencies
 	first, last                       time.Duration
 	seen                              bool
 	predicted                         predictionCount
@@ -172,6 +191,18 @@ func (a *Summarizer) Add(r *Result) {
 	if r.InFault {
 		a.faultTTFT.Add(r.TTFT)
 	}
+	switch {
+	case r.Migrated && r.CutBy == "stall":
+		s.Migrated++
+		s.MigratedStalled++
+		a.stallGap.Add(r.MaxGap)
+	case r.Migrated:
+		s.Migrated++
+		a.migrationGap.Add(r.MaxGap)
+	}
+	if r.TextWrong {
+		s.TextWrong++
+	}
 	a.e2e.Add(r.E2E)
 	if r.ITL > 0 {
 		a.itl.Add(r.ITL)
@@ -193,6 +224,8 @@ func (a *Summarizer) Summary(name string) Summary {
 	s.ITLP50, s.ITLP99 = a.itl.Quantile(0.50), a.itl.Quantile(0.99)
 	s.ServerTTFTP50, s.ServerTTFTP99 = a.server.Quantile(0.50), a.server.Quantile(0.99)
 	s.FaultTTFTP99 = a.faultTTFT.Quantile(0.99)
+	s.MigrationGapP50, s.MigrationGapP99 = a.migrationGap.Quantile(0.50), a.migrationGap.Quantile(0.99)
+	s.StallGapP50, s.StallGapP99 = a.stallGap.Quantile(0.50), a.stallGap.Quantile(0.99)
 	if a.seen {
 		s.Span = a.last - a.first
 	}
@@ -261,6 +294,39 @@ func WriteTable(w io.Writer, sums []Summary, bounds Bounds) error {
 	if slices.ContainsFunc(sums, func(s Summary) bool { return s.FaultRequests > 0 }) {
 		row("requests sent during faults", func(s Summary) string { return fmt.Sprint(s.FaultRequests) })
 		row("TTFT p99 during faults", func(s Summary) string { return ms(s.FaultTTFTP99) })
+		// A stall is only seen as a cut after the idle timeout: its gaps
+		// would hide the others'.
+		gaps := func(n func(Summary) int, p50, p99 func(Summary) time.Duration) func(Summary) string {
+			return func(s Summary) string {
+				if n(s) == 0 {
+					return "-"
+				}
+				return ms(p50(s)) + " / " + ms(p99(s))
+			}
+		}
+		reset := func(s Summary) int { return s.Migrated - s.MigratedStalled }
+		stalled := func(s Summary) int { return s.MigratedStalled }
+		row("streams continued after a kill or cut", func(s Summary) string { return fmt.Sprint(reset(s)) })
+		row("  cut to next token p50 / p99", gaps(reset,
+			func(s Summary) time.Duration { return s.MigrationGapP50 }, func(s Summary) time.Duration { return s.MigrationGapP99 }))
+		row("streams continued after a stall", func(s Summary) string { return fmt.Sprint(s.MigratedStalled) })
+		row("  last token to next p50 / p99", gaps(stalled,
+			func(s Summary) time.Duration { return s.StallGapP50 }, func(s Summary) time.Duration { return s.StallGapP99 }))
+		row("  kvroute's count: continued / other", func(s Summary) string {
+			if s.RouterMigrations == nil {
+				return "-"
+			}
+			other := 0
+			for outcome, n := range s.RouterMigrations {
+				if outcome != "continued" {
+					other += n
+				}
+			}
+			return fmt.Sprintf("%d / %d", s.RouterMigrations["continued"], other)
+		})
+	}
+	if slices.ContainsFunc(sums, func(s Summary) bool { return s.TextChecked > 0 }) {
+		row("replies not the emulators' text", func(s Summary) string { return fmt.Sprintf("%d of %d", s.TextWrong, s.TextChecked) })
 	}
 	row("TTFT p50", func(s Summary) string { return ms(s.TTFTP50) })
 	row("TTFT p99", func(s Summary) string { return ms(s.TTFTP99) })

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,8 +78,9 @@ func backendStates(dom string) map[string]string {
 
 // TestFleetPageInBrowser loads the fleet page in headless Chromium against
 // a live fleet of emulators: every backend shows, with the decisions and
-// their cost terms; one emulator is killed, and once the health checks
-// mark it down the page shows it down. With FLEET_PAGE_SCREENSHOT=FILE it
+// their cost terms; one emulator is killed under streams, and once the
+// health checks mark it down the page shows it down and the streams it
+// served continued elsewhere. With FLEET_PAGE_SCREENSHOT=FILE it
 // also writes the page's screenshot there (docs/fleet-page.png).
 func TestFleetPageInBrowser(t *testing.T) {
 	if testing.Short() {
@@ -132,12 +134,24 @@ func TestFleetPageInBrowser(t *testing.T) {
 		t.Fatalf("page:\n%s", dom)
 	}
 
+	// Six long streams, spread over the three by their load; gpu1 is
+	// killed once it decodes one.
+	var streams sync.WaitGroup
+	for i := range 6 {
+		streams.Go(func() { streamChat(s.URL, fmt.Sprintf("stream %d: tell me a story", i), 300) })
+	}
+	waitFor(t, func() bool { return s.Fleet.Backends()[1].Load().Decoding > 0 })
 	emus[1].Kill()
+	streams.Wait()
 	waitFor(t, func() bool { return !s.Fleet.Backends()[1].Healthy() })
 	dom = headless(t, browser, page, "")
 	states = backendStates(dom)
 	if states["gpu1"] != "down" || states["gpu0"] != "up" || states["gpu2"] != "up" {
 		t.Fatalf("after gpu1 was killed the page shows %v, want gpu1 down and the others up:\n%s", states, dom)
+	}
+	m := regexp.MustCompile(`<b>(\d+) / (\d+)</b><span>cut streams continued`).FindStringSubmatch(dom)
+	if m == nil || m[1] == "0" {
+		t.Fatalf("the page shows no stream continued after gpu1 was killed under one (%q):\n%s", m, dom)
 	}
 
 	shot := filepath.Join(t.TempDir(), "fleet.png")
