@@ -56,7 +56,7 @@ var (
 // wanted is every name above: the only lines of a scrape worth parsing.
 var wanted = func() map[string]bool {
 	w := map[string]bool{cacheConfigName: true, llamaComputedName: true, llamaCachedName: true,
-		gpuUtilName: true, smActiveName: true}
+		gpuUtilName: true, smActiveName: true, loraInfoName: true}
 	for _, names := range [][]string{runningNames, waitingNames, kvUsageNames, busyNames} {
 		for _, n := range names {
 			w[n] = true
@@ -185,6 +185,7 @@ func (s *scraper) parse(r io.Reader) (*Metrics, cacheConfig, error) {
 			met.BusySeconds += v
 		}
 	}
+	met.LoRA = loraInfo(fams[loraInfoName])
 	_, s.llama = fams[llamaName]
 	return met, cacheShape(fams[cacheConfigName]), nil
 }
