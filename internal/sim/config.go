@@ -109,6 +109,11 @@ type Config struct {
 	// what pruning changes.
 	FullScan bool
 
+	// LoRA, when not nil, makes every server serve LoRA adapters with
+	// these limits (engine.LoRA); a workload whose sessions name adapters
+	// needs it.
+	LoRA *engine.LoRA
+
 	stepwise bool // step every step (tests check that coasting changes nothing)
 }
 
@@ -141,6 +146,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("sim: the workload has no sessions")
 	case c.Profile.BlockSize <= 0:
 		return c, errors.New("sim: no engine profile")
+	case c.LoRA == nil && len(c.Workload.Adapters()) > 0:
+		return c, errors.New("sim: the workload names LoRA adapters: give the servers' LoRA limits (--max-loras)")
 	case c.Tile > 1 && !tokenMode(c):
 		return c, errors.New("sim: tiling needs a workload of single-turn, block-described requests (a trace or mixed) without --text")
 	}

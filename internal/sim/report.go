@@ -16,6 +16,7 @@ func (s *simulation) report(policy string) *results.Run {
 	for i := range s.servers {
 		st := s.servers[i].eng.Stats()
 		busy[i] = st.BusyTime
+		run.Summary.AdapterLoads += st.LoRALoads
 		run.Backends[i] = results.BackendSeries{
 			Name: fmt.Sprintf("gpu%d", i), Busy: st.BusyTime,
 			PromptTokens: st.PrefixQueries, CachedTokens: st.PrefixHits,

@@ -89,6 +89,7 @@ type simulation struct {
 	tokBuf      []int32
 	salted      []uint64 // tokenHashes' scratch
 	kv          *kvFeed  // the servers' KV events; nil without Config.KVEvents
+	adapters    adapters // the workload's LoRA adapters (lora.go)
 	push        *pushFeed
 }
 
@@ -118,6 +119,9 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			return nil, err
 		}
 		s.servers[i].eng = e
+	}
+	if err := s.setLoRA(); err != nil {
+		return nil, err
 	}
 	if cfg.KVEvents {
 		s.kv = newKVFeed(s)
@@ -175,6 +179,9 @@ func (s *simulation) replicaOptions(r int, rep *replica) policies.Options {
 		Now:     s.clock,
 	}
 	opts.KVRoute.FullScan = cfg.FullScan
+	if cfg.LoRA != nil {
+		opts.KVRoute.AdapterLoad = cfg.LoRA.LoadDisk
+	}
 	opts.KVRoute.NoScores = true // no result reads them
 	if !cfg.ReplicaUnaware {
 		opts.KVRoute.Replicas = cfg.Routers

@@ -1,0 +1,147 @@
+package kvroute
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/router"
+)
+
+// DefaultAdapterLoad is Config.AdapterLoad's default: the engine model's
+// load of a rank-16 LoRA adapter of Llama-3.1-8B from storage (84 MB read
+// at 1.5 GB/s after 20 ms to open it; docs/engine-model.md).
+const DefaultAdapterLoad = 76 * time.Millisecond
+
+// defaultMaxLoRAs is the batch's adapter limit assumed for a backend that
+// reports none: vLLM's --max-loras default.
+const defaultMaxLoRAs = 1
+
+// adapters is the router's own view of the LoRA adapters on each backend:
+// the requests it sent there in flight per adapter, counted the moment they
+// are routed (a scrape is seconds late), and the adapters it sent there
+// most recently, which are the ones still loaded.
+type adapters struct {
+	mu      sync.Mutex
+	flights []map[string]int // by backend index
+	recent  [][]string       // by backend index, least recent first
+}
+
+// adapterRecent bounds the adapters remembered per backend: more than any
+// engine keeps in CPU memory by default.
+const adapterRecent = 64
+
+func (a *adapters) grow(n int) {
+	for len(a.flights) < n {
+		a.flights = append(a.flights, map[string]int{})
+		a.recent = append(a.recent, nil)
+	}
+}
+
+// routed counts a request for adapter on backend i and returns the call
+// that uncounts it.
+func (a *adapters) routed(i int, adapter string) func() {
+	a.mu.Lock()
+	a.grow(i + 1)
+	a.flights[i][adapter]++
+	r := slices.DeleteFunc(a.recent[i], func(x string) bool { return x == adapter })
+	if len(r) >= adapterRecent {
+		r = slices.Delete(r, 0, 1)
+	}
+	a.recent[i] = append(r, adapter)
+	a.mu.Unlock()
+	return func() {
+		a.mu.Lock()
+		if a.flights[i][adapter]--; a.flights[i][adapter] <= 0 {
+			delete(a.flights[i], adapter)
+		}
+		a.mu.Unlock()
+	}
+}
+
+// adapterWait is the seconds a request for adapter waits on backend b
+// before its prefill can start, beyond the queue the other terms price:
+//
+//	load: AdapterLoad, unless the adapter is among the last max_loras
+//	      adapters used there (still in a GPU slot);
+//	slot: when max_loras other adapters have requests in flight there,
+//	      the time until the first of them has none, each of its n
+//	      requests ending after a mean lifetime (life) as if memoryless:
+//	      life × (1 + 1/2 + … + 1/n) for the adapter with the fewest.
+//
+// An adapter with requests in flight there costs nothing: it is in the
+// batch, or queued with them. What the engine reports (running adapters,
+// max_loras) is added to the router's own counts when fresh.
+func (p *Policy) adapterWait(b *fleet.Backend, adapter string, life float64) float64 {
+	if adapter == "" {
+		return 0
+	}
+	var info *fleet.LoRAInfo
+	if p.cfg.Metrics != nil {
+		if m := p.cfg.Metrics(b); m != nil {
+			info = m.LoRA
+		}
+	}
+	slots := p.cfg.MaxLoRAs
+	if info != nil && info.MaxLoRAs > 0 {
+		slots = info.MaxLoRAs
+	}
+	a := &p.adapters
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.grow(b.Index + 1)
+	flights := a.flights[b.Index]
+	if flights[adapter] > 0 || info.Active(adapter) {
+		return 0
+	}
+	var wait float64
+	recent := a.recent[b.Index]
+	if !slices.Contains(recent[max(0, len(recent)-slots):], adapter) {
+		wait += p.cfg.AdapterLoad.Seconds()
+	}
+	active, fewest := len(flights), 0
+	for _, n := range flights {
+		if fewest == 0 || n < fewest {
+			fewest = n
+		}
+	}
+	if info != nil {
+		for _, r := range info.Running {
+			if _, ok := flights[r]; !ok {
+				active++
+				fewest = 1
+			}
+		}
+	}
+	if active >= slots {
+		wait += life * harmonic(fewest)
+	}
+	return wait
+}
+
+// harmonic is 1 + 1/2 + … + 1/n: the mean of the longest of n memoryless
+// lifetimes, in lifetimes.
+func harmonic(n int) float64 {
+	var h float64
+	for k := 1; k <= n; k++ {
+		h += 1 / float64(k)
+	}
+	return h
+}
+
+// countAdapter counts d's request under its adapter on the chosen backend
+// until its outcome.
+func (p *Policy) countAdapter(req *router.Request, d *router.Decision) {
+	if req.Adapter == "" {
+		return
+	}
+	release := p.adapters.routed(d.Backend.Index, req.Adapter)
+	done := d.Done
+	d.Done = func(o router.Outcome) {
+		release()
+		if done != nil {
+			done(o)
+		}
+	}
+}
