@@ -79,6 +79,17 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 	fs.StringVar(&kvEvents.Endpoint, "kv-events-endpoint", "", "publish vLLM's KV events on this ZMQ PUB `ENDPOINT` (tcp://*:5557; replica i on port+i, as vLLM's data-parallel ranks; port 0: any); empty: none")
 	fs.StringVar(&kvEvents.Replay, "kv-events-replay-endpoint", "", "answer KV event replay requests on this ZMQ ROUTER `ENDPOINT` (tcp://*:5558; replica i on port+i)")
 	fs.StringVar(&kvEvents.Topic, "kv-events-topic", "", "topic of the KV event messages (vLLM's kv_events_config topic)")
+	var (
+		enableLoRA  bool
+		loraModules []emulator.LoRAModule
+	)
+	fs.BoolVar(&enableLoRA, "enable-lora", false, "serve LoRA adapters of the model, as vLLM's --enable-lora: --lora-modules from the start, more through POST /v1/load_lora_adapter")
+	fs.Func("lora-modules", "a LoRA adapter served from the start, `NAME=PATH` as vLLM's (repeat for more; implies --enable-lora)", func(v string) error {
+		m, err := emulator.ParseLoRAModule(v)
+		loraModules = append(loraModules, m)
+		return err
+	})
+	lf := addLoRAFlags(fs, "with --enable-lora")
 	fs.StringVar(&kvFormat, "kv-events-format", "map", "msgpack layout of the KV event batches: map (vLLM's current source), array (array_like, as most vLLM releases and its subscriber example) or sglang (SGLang's: array_like, one page per event, signed hashes)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute emulate [flags]\n\n"+
@@ -160,6 +171,13 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 			return cfg, err
 		}
 		cfg.server.KVEvents = &kvEvents
+	}
+	if enableLoRA || len(loraModules) > 0 {
+		l, err := lf.lora(p)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.server.LoRA, cfg.server.LoRAModules = &l, loraModules
 	}
 	return cfg, nil
 }
