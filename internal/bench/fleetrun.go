@@ -56,6 +56,10 @@ type FleetConfig struct {
 	TokenizeTimeout time.Duration
 	// Logger receives the components' logs; nil discards them.
 	Logger *slog.Logger
+	// LoRA, when not nil, makes the emulators serve LoRA adapters with
+	// these limits, LoRAModules from the start.
+	LoRA        *engine.LoRA
+	LoRAModules []emulator.LoRAModule
 }
 
 // Fleet is a running fleet and its router.
@@ -194,7 +198,8 @@ func (f *Fleet) emulate(ctx context.Context, cfg FleetConfig, logger *slog.Logge
 		backends []*fleet.Backend
 		urls     []string
 	)
-	f.emuCfg = emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger}
+	f.emuCfg = emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger,
+		LoRA: cfg.LoRA, LoRAModules: cfg.LoRAModules}
 	for i := range cfg.Backends {
 		var events kvevents.Source
 		if cfg.KVEvents {
@@ -366,6 +371,7 @@ func (f *Fleet) Restart(i int) error {
 	r.busy += old.BusyTime
 	r.prompt += old.PrefixQueries
 	r.cached += old.PrefixHits
+	r.loraLoads += old.LoRALoads
 	f.Servers[i] = s
 	f.start(i, s, ln)
 	return nil

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/router"
 )
@@ -26,6 +28,9 @@ type adapters struct {
 	mu      sync.Mutex
 	flights []map[string]int // by backend index
 	recent  [][]string       // by backend index, least recent first
+	// waited counts, by backend index, the requests routed there with an
+	// adapter load or a slot wait priced (kvroute_adapter_waits_total).
+	waited []int64
 }
 
 // adapterRecent bounds the adapters remembered per backend: more than any
@@ -36,15 +41,19 @@ func (a *adapters) grow(n int) {
 	for len(a.flights) < n {
 		a.flights = append(a.flights, map[string]int{})
 		a.recent = append(a.recent, nil)
+		a.waited = append(a.waited, 0)
 	}
 }
 
-// routed counts a request for adapter on backend i and returns the call
-// that uncounts it.
-func (a *adapters) routed(i int, adapter string) func() {
+// routed counts a request for adapter on backend i, priced to wait for it
+// there or not, and returns the call that uncounts it.
+func (a *adapters) routed(i int, adapter string, waits bool) func() {
 	a.mu.Lock()
 	a.grow(i + 1)
 	a.flights[i][adapter]++
+	if waits {
+		a.waited[i]++
+	}
 	r := slices.DeleteFunc(a.recent[i], func(x string) bool { return x == adapter })
 	if len(r) >= adapterRecent {
 		r = slices.Delete(r, 0, 1)
@@ -61,7 +70,8 @@ func (a *adapters) routed(i int, adapter string) func() {
 }
 
 // adapterWait is the seconds a request for adapter waits on backend b
-// before its prefill can start, beyond the queue the other terms price:
+// before its prefill can start, beyond the queue the other terms price, in
+// two parts:
 //
 //	load: AdapterLoad, unless the adapter is among the last max_loras
 //	      adapters used there (still in a GPU slot);
@@ -71,11 +81,12 @@ func (a *adapters) routed(i int, adapter string) func() {
 //	      life × (1 + 1/2 + … + 1/n) for the adapter with the fewest.
 //
 // An adapter with requests in flight there costs nothing: it is in the
-// batch, or queued with them. What the engine reports (running adapters,
-// max_loras) is added to the router's own counts when fresh.
-func (p *Policy) adapterWait(b *fleet.Backend, adapter string, life float64) float64 {
+// batch, or queued with them. The engine's max_loras is read from its
+// scrape; its running adapters are added to the router's own counts only
+// behind several router replicas, where the others' requests are not counted.
+func (p *Policy) adapterWait(b *fleet.Backend, adapter string, life float64) (load, slot float64) {
 	if adapter == "" {
-		return 0
+		return 0, 0
 	}
 	var info *fleet.LoRAInfo
 	if p.cfg.Metrics != nil {
@@ -87,18 +98,23 @@ func (p *Policy) adapterWait(b *fleet.Backend, adapter string, life float64) flo
 	if info != nil && info.MaxLoRAs > 0 {
 		slots = info.MaxLoRAs
 	}
+	if p.cfg.Replicas <= 1 {
+		// One router's own counts are exact and immediate; a scrape's
+		// adapters are a scrape old, and made backends look full that
+		// were not (the live bench's TTFT p99 doubled).
+		info = nil
+	}
 	a := &p.adapters
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.grow(b.Index + 1)
 	flights := a.flights[b.Index]
 	if flights[adapter] > 0 || info.Active(adapter) {
-		return 0
+		return 0, 0
 	}
-	var wait float64
 	recent := a.recent[b.Index]
 	if !slices.Contains(recent[max(0, len(recent)-slots):], adapter) {
-		wait += p.cfg.AdapterLoad.Seconds()
+		load = p.cfg.AdapterLoad.Seconds()
 	}
 	active, fewest := len(flights), 0
 	for _, n := range flights {
@@ -115,9 +131,21 @@ func (p *Policy) adapterWait(b *fleet.Backend, adapter string, life float64) flo
 		}
 	}
 	if active >= slots {
-		wait += life * harmonic(fewest)
+		slot = life * harmonic(fewest)
 	}
-	return wait
+	return load, slot
+}
+
+// adapterStall is what the adapter's load costs the streams in flight on
+// candidate i, whose load l is: the engine loads it before the step that
+// first runs it, so every stream there stalls for the load, weighed as the
+// recompute a backend adds by not holding a prompt (the e2e objective's
+// streams; 0 under the others).
+func (s *streamCost) adapterStall(i int, load float64, l fleet.Load) float64 {
+	if !s.on || !s.others || load == 0 {
+		return 0
+	}
+	return s.wOthers.recompute * load * stalled(float64(l.Requests), s.typical, s.inverse[i])
 }
 
 // harmonic is 1 + 1/2 + … + 1/n: the mean of the longest of n memoryless
@@ -131,17 +159,39 @@ func harmonic(n int) float64 {
 }
 
 // countAdapter counts d's request under its adapter on the chosen backend
-// until its outcome.
-func (p *Policy) countAdapter(req *router.Request, d *router.Decision) {
+// until its outcome; wait is the adapter term priced there.
+func (p *Policy) countAdapter(req *router.Request, d *router.Decision, wait float64) {
 	if req.Adapter == "" {
 		return
 	}
-	release := p.adapters.routed(d.Backend.Index, req.Adapter)
+	release := p.adapters.routed(d.Backend.Index, req.Adapter, wait > 0)
 	done := d.Done
 	d.Done = func(o router.Outcome) {
 		release()
 		if done != nil {
 			done(o)
 		}
+	}
+}
+
+var (
+	adaptersInFlightDesc = prometheus.NewDesc("kvroute_adapters_in_flight",
+		"LoRA adapters with requests kvroute routed to the backend in flight (against its max_loras slots).",
+		[]string{"backend"}, nil)
+	adapterWaitsDesc = prometheus.NewDesc("kvroute_adapter_waits_total",
+		"Requests routed to a backend where kvroute priced a load of their LoRA adapter or a wait for an adapter slot.",
+		[]string{"backend"}, nil)
+)
+
+// collectAdapters sends the adapter metrics of every backend.
+func (p *Policy) collectAdapters(ch chan<- prometheus.Metric) {
+	a := &p.adapters
+	for _, b := range p.backends() {
+		a.mu.Lock()
+		a.grow(b.Index + 1)
+		inFlight, waited := len(a.flights[b.Index]), a.waited[b.Index]
+		a.mu.Unlock()
+		ch <- prometheus.MustNewConstMetric(adaptersInFlightDesc, prometheus.GaugeValue, float64(inFlight), b.Name)
+		ch <- prometheus.MustNewConstMetric(adapterWaitsDesc, prometheus.CounterValue, float64(waited), b.Name)
 	}
 }
