@@ -80,7 +80,8 @@ func (a *adapters) routed(i int, adapter string, waits bool) func() {
 //	      requests ending after a mean lifetime (life) as if memoryless:
 //	      life × (1 + 1/2 + … + 1/n) for the adapter with the fewest.
 //
-// An adapter with requests in flight there costs nothing: it is in the
+// (docs/decisions/0017-lora-adapter-pricing.md.) An adapter with requests
+// in flight there costs nothing: it is in the
 // batch, or queued with them. The engine's max_loras is read from its
 // scrape; its running adapters are added to the router's own counts only
 // behind several router replicas, where the others' requests are not counted.
