@@ -36,6 +36,12 @@ type Backend struct {
 	// node). Set before the backend is used, never changed after.
 	GPUMetricsURL *url.URL
 	GPUPod        string
+	// Rank and Ranks, when Ranks > 1, make the backend one data-parallel
+	// rank of a server behind URL (rank.go): requests carry the rank in
+	// the X-data-parallel-rank header and its metrics are the series
+	// labelled engine="Rank". Set before the backend is used, never
+	// changed after.
+	Rank, Ranks int
 
 	healthy atomic.Bool
 	info    atomic.Pointer[Info]

@@ -220,6 +220,7 @@ func newMember(b *Backend) *member {
 		modelsURL:  b.URL.JoinPath("v1", "models").String(),
 		metricsURL: b.URL.JoinPath("metrics").String(),
 		slotsURL:   b.URL.JoinPath("slots").String(),
+		scraper:    scraper{engine: engineLabel(b)}, // rank.go
 	}
 }
 

@@ -89,6 +89,9 @@ type scraper struct {
 	ready  bool
 	// llama is set when the last parse found llama.cpp's metrics.
 	llama bool
+	// engine, when set, keeps only the series of that data-parallel
+	// engine (rank.go).
+	engine string
 }
 
 // scrape reads m's /metrics and stores its load signals with At = now, and
@@ -154,6 +157,7 @@ func (s *scraper) parse(r io.Reader) (*Metrics, cacheConfig, error) {
 	if err != nil {
 		return nil, cacheConfig{}, err
 	}
+	engineOnly(fams, s.engine)
 
 	met := &Metrics{KVUsage: -1}
 	met.GPUUtil, met.SMActive = gpuSignals(fams, "")
