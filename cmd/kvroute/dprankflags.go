@@ -36,7 +36,9 @@ func (d dpRankFlag) Set(v string) error {
 // otherwise leave a DP server routed to as one cache domain.
 func (d dpRankFlag) unused(bs []*fleet.Backend) error {
 	for name := range d {
-		if !slices.ContainsFunc(bs, func(b *fleet.Backend) bool { return b.Name == name || b.Ranks > 1 && strings.HasPrefix(b.Name, name+"/dp") }) {
+		if !slices.ContainsFunc(bs, func(b *fleet.Backend) bool {
+			return b.Name == name || b.Ranks > 1 && strings.HasPrefix(b.Name, name+"/dp")
+		}) {
 			return fmt.Errorf("--dp-ranks names %q, which is no --backend", name)
 		}
 	}
