@@ -60,6 +60,9 @@ type FleetConfig struct {
 	// these limits, LoRAModules from the start.
 	LoRA        *engine.LoRA
 	LoRAModules []emulator.LoRAModule
+	// DataParallel, above 1, makes every emulated server that many
+	// data-parallel ranks, each a backend of the router's (dprank.go).
+	DataParallel int
 }
 
 // Fleet is a running fleet and its router.
@@ -200,6 +203,9 @@ func (f *Fleet) emulate(ctx context.Context, cfg FleetConfig, logger *slog.Logge
 	)
 	f.emuCfg = emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger,
 		LoRA: cfg.LoRA, LoRAModules: cfg.LoRAModules}
+	if cfg.DataParallel > 1 {
+		return f.emulateRanks(ctx, cfg) // dprank.go
+	}
 	for i := range cfg.Backends {
 		var events kvevents.Source
 		if cfg.KVEvents {

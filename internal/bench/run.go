@@ -26,6 +26,10 @@ type Config struct {
 	// LoRA, when not nil, makes the emulated servers serve the workload's
 	// LoRA adapters with these limits (lora.go).
 	LoRA *engine.LoRA
+	// DataParallel, above 1, makes every emulated server that many
+	// data-parallel ranks behind one address, each a backend of the
+	// router's: Backends counts servers.
+	DataParallel int
 	// Backends is the number of emulated servers; Profile their model.
 	Backends int
 	Profile  engine.Profile
@@ -154,7 +158,7 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 		Policy: policy, Seed: cfg.Seed, Logger: cfg.Logger,
 		KVRoute:  kvroute.Config{Objective: cfg.Objective, SLO: kvroute.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}},
 		KVEvents: cfg.KVEvents, TokenizeTimeout: cfg.TokenizeTimeout,
-		LoRA: cfg.LoRA, LoRAModules: loraModules(cfg),
+		LoRA: cfg.LoRA, LoRAModules: loraModules(cfg), DataParallel: cfg.DataParallel,
 	})
 	if err != nil {
 		return nil, err
