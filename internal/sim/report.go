@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/results"
@@ -18,7 +17,7 @@ func (s *simulation) report(policy string) *results.Run {
 		busy[i] = st.BusyTime
 		run.Summary.AdapterLoads += st.LoRALoads
 		run.Backends[i] = results.BackendSeries{
-			Name: fmt.Sprintf("gpu%d", i), Busy: st.BusyTime,
+			Name: s.cfg.serverName(i), Busy: st.BusyTime,
 			PromptTokens: st.PrefixQueries, CachedTokens: st.PrefixHits,
 			Samples: s.servers[i].samples,
 		}

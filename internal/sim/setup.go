@@ -133,7 +133,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			busy:    make([]time.Duration, cfg.Backends),
 		}
 		for i := range cfg.Backends {
-			b := fleet.NewBackend(i, fmt.Sprintf("gpu%d", i), nil)
+			b := fleet.NewBackend(i, cfg.serverName(i), nil)
 			b.SetInfo(info)
 			rep.backends = append(rep.backends, b)
 		}
