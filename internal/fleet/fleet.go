@@ -167,6 +167,9 @@ type member struct {
 	scraper  scraper
 	// scrapeFailing is set while scrapes fail, to log it once.
 	scrapeFailing bool
+	// enginesNoted is set once a backend that is no rank was found to
+	// serve several data-parallel engines (rank.go).
+	enginesNoted bool
 	// gpuFailing is the same for the backend's GPUMetricsURL.
 	gpuFailing bool
 }

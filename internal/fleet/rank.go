@@ -85,3 +85,30 @@ func engineOnly(fams map[string]*dto.MetricFamily, engine string) {
 		}
 	}
 }
+
+// engineCount returns how many data-parallel engines a family's series
+// name (their engine labels), 0 when they name none.
+func engineCount(mf *dto.MetricFamily) int {
+	seen := map[string]bool{}
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "engine" {
+				seen[l.GetValue()] = true
+			}
+		}
+	}
+	return len(seen)
+}
+
+// noteEngines warns, once per backend, when a backend that is no rank
+// serves several data-parallel engines: routed as one, its engines' caches
+// look like one, and the prefix kvroute predicts is on whichever engine
+// the server picks.
+func (f *Fleet) noteEngines(m *member, engines int) {
+	if engines <= 1 || m.b.Ranks > 1 || m.enginesNoted {
+		return
+	}
+	m.enginesNoted = true
+	f.log.Warn("backend serves several data-parallel engines; route to each with --dp-ranks (dp_ranks in --config)",
+		"backend", m.b.Name, "engines", engines, "flag", fmt.Sprintf("--dp-ranks %s=%d", m.b.Name, engines))
+}

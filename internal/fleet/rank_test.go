@@ -79,3 +79,18 @@ func TestRanksScrapeTheirEngine(t *testing.T) {
 		}
 	}
 }
+
+// A backend that is no rank but serves several engines is told of, once.
+func TestEnginesNoted(t *testing.T) {
+	fb := newFakeBackend(t, `{"data":[{"id":"m"}]}`, vllmDPMetrics)
+	f, _, logs := newTestFleet(t, Options{}, fb)
+	const msg = "backend serves several data-parallel engines; route to each with --dp-ranks (dp_ranks in --config)"
+	f.Refresh(t.Context())
+	f.Refresh(t.Context())
+	if n := logs.count(msg); n != 1 {
+		t.Errorf("warned %d times, want once", n)
+	}
+	if !strings.Contains(logs.String(), "--dp-ranks b0=2") {
+		t.Errorf("the warning does not give the flag: %s", logs.String())
+	}
+}

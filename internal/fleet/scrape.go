@@ -90,8 +90,9 @@ type scraper struct {
 	// llama is set when the last parse found llama.cpp's metrics.
 	llama bool
 	// engine, when set, keeps only the series of that data-parallel
-	// engine (rank.go).
-	engine string
+	// engine (rank.go); engines is how many the last parse found.
+	engine  string
+	engines int
 }
 
 // scrape reads m's /metrics and stores its load signals with At = now, and
@@ -136,6 +137,7 @@ func (f *Fleet) scrape(ctx context.Context, m *member) {
 	if cache.blockSize > 0 && cache.blocks > 0 {
 		m.setCache(cache)
 	}
+	f.noteEngines(m, m.scraper.engines) // rank.go
 }
 
 // parse reads a Prometheus text exposition and returns the load signals in
@@ -157,6 +159,7 @@ func (s *scraper) parse(r io.Reader) (*Metrics, cacheConfig, error) {
 	if err != nil {
 		return nil, cacheConfig{}, err
 	}
+	s.engines = engineCount(fams[runningNames[0]])
 	engineOnly(fams, s.engine)
 
 	met := &Metrics{KVUsage: -1}
