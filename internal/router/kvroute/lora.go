@@ -74,7 +74,9 @@ func (a *adapters) routed(i int, adapter string, waits bool) func() {
 // two parts:
 //
 //	load: AdapterLoad, unless the adapter is among the last max_loras
-//	      adapters used there (still in a GPU slot);
+//	      adapters used there (still in a GPU slot); and when max_loras
+//	      adapters were used there, evict, the same again for the one
+//	      whose slot it takes, priced in the cost but not the TTFT;
 //	slot: when max_loras other adapters have requests in flight there,
 //	      the time until the first of them has none, each of its n
 //	      requests ending after a mean lifetime (life) as if memoryless:
@@ -85,9 +87,9 @@ func (a *adapters) routed(i int, adapter string, waits bool) func() {
 // batch, or queued with them. The engine's max_loras is read from its
 // scrape; its running adapters are added to the router's own counts only
 // behind several router replicas, where the others' requests are not counted.
-func (p *Policy) adapterWait(b *fleet.Backend, adapter string, life float64) (load, slot float64) {
+func (p *Policy) adapterWait(b *fleet.Backend, adapter string, life float64) (load, slot, evict float64) {
 	if adapter == "" {
-		return 0, 0
+		return 0, 0, 0
 	}
 	var info *fleet.LoRAInfo
 	if p.cfg.Metrics != nil {
@@ -111,11 +113,14 @@ func (p *Policy) adapterWait(b *fleet.Backend, adapter string, life float64) (lo
 	a.grow(b.Index + 1)
 	flights := a.flights[b.Index]
 	if flights[adapter] > 0 || info.Active(adapter) {
-		return 0, 0
+		return 0, 0, 0
 	}
 	recent := a.recent[b.Index]
 	if !slices.Contains(recent[max(0, len(recent)-slots):], adapter) {
 		load = p.cfg.AdapterLoad.Seconds()
+		if len(recent) >= slots {
+			evict = load // the slot's adapter, when it returns, loads again
+		}
 	}
 	active, fewest := len(flights), 0
 	for _, n := range flights {
@@ -134,19 +139,20 @@ func (p *Policy) adapterWait(b *fleet.Backend, adapter string, life float64) (lo
 	if active >= slots {
 		slot = life * harmonic(fewest)
 	}
-	return load, slot
+	return load, slot, evict
 }
 
-// adapterStall is what the adapter's load costs the streams in flight on
-// candidate i, whose load l is: the engine loads it before the step that
-// first runs it, so every stream there stalls for the load, weighed as the
-// recompute a backend adds by not holding a prompt (the e2e objective's
-// streams; 0 under the others).
-func (s *streamCost) adapterStall(i int, load float64, l fleet.Load) float64 {
+// adapterStall is what the adapter's load costs beyond the request on
+// candidate i, whose load l is: evict, the reload of the adapter whose GPU
+// slot it takes; and, under the e2e objective, the streams in flight
+// there, which all stall for the load (the engine loads it before the step
+// that first runs it), weighed as the recompute a backend adds by not
+// holding a prompt.
+func (s *streamCost) adapterStall(i int, load, evict float64, l fleet.Load) float64 {
 	if !s.on || !s.others || load == 0 {
-		return 0
+		return evict
 	}
-	return s.wOthers.recompute * load * stalled(float64(l.Requests), s.typical, s.inverse[i])
+	return evict + s.wOthers.recompute*load*stalled(float64(l.Requests), s.typical, s.inverse[i])
 }
 
 // harmonic is 1 + 1/2 + … + 1/n: the mean of the longest of n memoryless

@@ -30,7 +30,7 @@ func TestAdapterWait(t *testing.T) {
 	p := New(bs, Config{Seed: 1, Now: frozenClock, Metrics: func(b *fleet.Backend) *fleet.Metrics { return metrics[b] }})
 	check := func(name, adapter string, wantLoad, wantSlot float64) {
 		t.Helper()
-		l, s := p.adapterWait(b, adapter, life)
+		l, s, _ := p.adapterWait(b, adapter, life)
 		if math.Abs(l-wantLoad) > 1e-9 || math.Abs(s-wantSlot) > 1e-9 {
 			t.Errorf("%s: load %v, slot %v; want %v, %v", name, l, s, wantLoad, wantSlot)
 		}

@@ -25,6 +25,7 @@ type candidate struct {
 	batchFull bool
 	adapter   float64          // seconds to load its adapter and wait for a slot (lora.go)
 	load      float64          // of which the load
+	evict     float64          // the reload of the adapter its load evicts (lora.go)
 	ttft      float64          // predicted TTFT there, seconds (calibrated)
 	lo, hi    float64          // its prediction interval
 	x         [calDims]float64 // the calibration's features (calibrate.go)
@@ -61,8 +62,8 @@ func (p *Policy) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned,
 		}
 		c.queued += s.peer[i].wait(func(tokens float64) float64 { return c.slow * ln.speed.prefill(tokens, 0) })
 		c.own = c.slow * ln.speed.prefill(c.miss, float64(c.cached))
-		load, slot := p.adapterWait(b, s.req.Adapter, ln.life)
-		c.adapter, c.load = load+slot, load
+		load, slot, evict := p.adapterWait(b, s.req.Adapter, ln.life)
+		c.adapter, c.load, c.evict = load+slot, load, evict
 		if p.cfg.Metrics != nil {
 			if seen, full := p.cal.batchSeen(b, p.cfg.Metrics(b)); seen > 0 {
 				c.seenWait = slotWait(s.loads[i].Requests, seen, ln.life)
@@ -183,7 +184,7 @@ func (p *Policy) terms(i int, b *fleet.Backend, c *candidate, l fleet.Load, ln *
 		}
 	}
 	t.adapter = c.adapter
-	t.stream = st.cost(i, c, l) + st.adapterStall(i, c.load, l)
+	t.stream = st.cost(i, c, l) + st.adapterStall(i, c.load, c.evict, l)
 	t.miss = penalty * c.own
 	return t
 }
