@@ -53,6 +53,8 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 	fs.Uint64Var(&opts.Seed, "seed", 1, "seed of the workload, the replies and the policies")
 	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile of the backends: "+strings.Join(engine.ProfileNames(), ", "))
 	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV blocks per backend (default: the profile's)")
+	lf := addLoRAFlags(fs, "emulated backends, for workloads that name adapters (lora)")
+	fs.IntVar(&bf.cfg.DataParallel, "data-parallel-size", 1, "data-parallel ranks of every emulated server (--backends counts servers), each a backend of the router's as serve --dp-ranks makes it")
 	bf.cfg.Predictions = true // the report's "cached tokens predicted to the block"
 	fs.BoolVar(&bf.cfg.KVEvents, "kv-events", false, "the emulators publish their KV events over ZMQ on 127.0.0.1 and kvroute follows them, as serve --kv-events: exact cached blocks instead of the index's guess")
 	fs.Func("goodput", "ttft=DURATION,tpot=DURATION: report per policy the requests meeting this joint objective (kvroute:goodput serves it); a bare DURATION (e.g. 2s) instead searches each policy's highest rate with p99 TTFT under it, running the workload several times", func(v string) error {
@@ -138,6 +140,16 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 	}
 	if bf.out == "" {
 		bf.out = out
+	}
+	if bf.cfg.DataParallel < 1 || bf.cfg.DataParallel > 1 && (bf.cfg.Faults != nil || backendURLs != "" || bf.cfg.KVEvents) {
+		return bf, errors.New("--data-parallel-size must be at least 1, and above 1 goes without --faults, --backend-url and --kv-events")
+	}
+	if len(bf.cfg.Workload.Adapters()) > 0 {
+		l, err := lf.lora(bf.cfg.Profile)
+		if err != nil {
+			return bf, err
+		}
+		bf.cfg.LoRA = &l
 	}
 	return bf, nil
 }

@@ -37,6 +37,8 @@ func (c coreFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&c.router.KVRoute.LoadFactor, "load-factor", 2, "kvroute: no backend takes more than this × the mean in-flight requests (+4)")
 	fs.IntVar(&c.router.KVRoute.BlockBytes, "block-bytes", 256, "kvroute: prefix index block size in bytes of prompt text")
 	fs.BoolVar(&c.router.KVRoute.FullScan, "full-scan", false, "kvroute: score every backend on every pick, not only the prefix holders and the 16 least loaded (above 64 backends; the pick's cost then grows with the fleet)")
+	fs.DurationVar(&c.router.KVRoute.AdapterLoad, "adapter-load-time", kvroute.DefaultAdapterLoad, "kvroute: what loading a LoRA adapter costs a backend that does not hold it (a rank-16 adapter of Llama-3.1-8B from storage)")
+	fs.IntVar(&c.router.KVRoute.MaxLoRAs, "adapter-slots", 1, "kvroute: LoRA adapters one batch holds on a backend whose vllm:lora_requests_info gives no max_lora (vLLM's --max-loras default)")
 	fs.Uint64Var(&c.router.Seed, "seed", 0, "seed of random tie-breaks (0: random)")
 	objectiveFlag(fs, &c.router.KVRoute.Objective)
 	fs.Func("goodput", "kvroute --objective goodput: the joint objective it serves, ttft=DURATION,tpot=DURATION (e.g. ttft=2s,tpot=50ms)", func(v string) error {
@@ -61,6 +63,8 @@ func (c coreFlags) check() error {
 		return fmt.Errorf("--load-factor must be at least 1, got %v", o.KVRoute.LoadFactor)
 	case o.KVRoute.BlockBytes < 16:
 		return fmt.Errorf("--block-bytes must be at least 16, got %d", o.KVRoute.BlockBytes)
+	case o.KVRoute.AdapterLoad <= 0 || o.KVRoute.MaxLoRAs < 1:
+		return fmt.Errorf("--adapter-load-time must be positive and --adapter-slots at least 1, got %v and %d", o.KVRoute.AdapterLoad, o.KVRoute.MaxLoRAs)
 	case o.ResponsePins < 0:
 		return fmt.Errorf("--response-pins must not be negative, got %d", o.ResponsePins)
 	case o.ResponsePins == 0:

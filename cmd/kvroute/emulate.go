@@ -25,12 +25,14 @@ const shutdownGrace = 10 * time.Second
 
 // emulateConfig is what the emulate flags decide.
 type emulateConfig struct {
-	host      string
-	port      int // of the first replica; 0 picks free ports
-	replicas  int
-	logLevel  slog.Level
-	logFormat logFormat
-	server    emulator.Config // Logger unset
+	host     string
+	port     int // of the first replica; 0 picks free ports
+	replicas int
+	// dataParallel is the ranks of each replica (--data-parallel-size).
+	dataParallel int
+	logLevel     slog.Level
+	logFormat    logFormat
+	server       emulator.Config // Logger unset
 }
 
 // parseEmulateFlags parses the emulate subcommand's flags. Flags that set
@@ -60,6 +62,7 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 	fs.StringVar(&cfg.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&cfg.port, "port", 8001, "port of the first replica; replica i listens on port+i (0: any free port)")
 	fs.IntVar(&cfg.replicas, "replicas", 1, "number of independent servers, each with its own engine and KV cache")
+	fs.IntVar(&cfg.dataParallel, "data-parallel-size", 1, "data-parallel ranks of each server, as vLLM's flag: engines with their own KV cache and batch behind one address, a request's rank from its X-data-parallel-rank header (else the rank with the fewest requests in flight), metrics labelled engine=RANK")
 	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile, one of: "+strings.Join(engine.ProfileNames(), ", "))
 	fs.StringVar(&model, "model", "", "served model name (default: the profile's model)")
 	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV cache capacity in blocks (default: derived from the profile's GPU memory)")
@@ -79,6 +82,17 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 	fs.StringVar(&kvEvents.Endpoint, "kv-events-endpoint", "", "publish vLLM's KV events on this ZMQ PUB `ENDPOINT` (tcp://*:5557; replica i on port+i, as vLLM's data-parallel ranks; port 0: any); empty: none")
 	fs.StringVar(&kvEvents.Replay, "kv-events-replay-endpoint", "", "answer KV event replay requests on this ZMQ ROUTER `ENDPOINT` (tcp://*:5558; replica i on port+i)")
 	fs.StringVar(&kvEvents.Topic, "kv-events-topic", "", "topic of the KV event messages (vLLM's kv_events_config topic)")
+	var (
+		enableLoRA  bool
+		loraModules []emulator.LoRAModule
+	)
+	fs.BoolVar(&enableLoRA, "enable-lora", false, "serve LoRA adapters of the model, as vLLM's --enable-lora: --lora-modules from the start, more through POST /v1/load_lora_adapter")
+	fs.Func("lora-modules", "a LoRA adapter served from the start, `NAME=PATH` as vLLM's (repeat for more; implies --enable-lora)", func(v string) error {
+		m, err := emulator.ParseLoRAModule(v)
+		loraModules = append(loraModules, m)
+		return err
+	})
+	lf := addLoRAFlags(fs, "with --enable-lora")
 	fs.StringVar(&kvFormat, "kv-events-format", "map", "msgpack layout of the KV event batches: map (vLLM's current source), array (array_like, as most vLLM releases and its subscriber example) or sglang (SGLang's: array_like, one page per event, signed hashes)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute emulate [flags]\n\n"+
@@ -143,6 +157,8 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 	switch {
 	case cfg.replicas < 1:
 		return cfg, fmt.Errorf("--replicas must be at least 1, got %d", cfg.replicas)
+	case cfg.dataParallel < 1:
+		return cfg, fmt.Errorf("--data-parallel-size must be at least 1, got %d", cfg.dataParallel)
 	case cfg.port < 0 || cfg.port > 65535:
 		return cfg, fmt.Errorf("--port %d is not a TCP port", cfg.port)
 	case cfg.port > 0 && cfg.port+cfg.replicas-1 > 65535:
@@ -160,6 +176,13 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 			return cfg, err
 		}
 		cfg.server.KVEvents = &kvEvents
+	}
+	if enableLoRA || len(loraModules) > 0 {
+		l, err := lf.lora(p)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.server.LoRA, cfg.server.LoRAModules = &l, loraModules
 	}
 	return cfg, nil
 }
@@ -201,7 +224,8 @@ func offsetPort(endpoint string, i int) string {
 
 // replica is one emulated server and its listener.
 type replica struct {
-	srv  *emulator.Server
+	srv  *emulator.Server // rank 0's
+	dp   *emulator.DataParallel
 	http *http.Server
 	ln   net.Listener
 	url  string
@@ -217,7 +241,7 @@ func emulate(ctx context.Context, cfg emulateConfig, log *slog.Logger, ready fun
 	defer func() {
 		for _, r := range replicas {
 			r.ln.Close()
-			r.srv.Close() // after the drivers stopped: the KV event sockets
+			r.dp.Close() // after the drivers stopped: the KV event sockets
 		}
 	}()
 	for i := range cfg.replicas {
@@ -240,14 +264,15 @@ func emulate(ctx context.Context, cfg emulateConfig, log *slog.Logger, ready fun
 			ev.Endpoint, ev.Replay = offsetPort(ev.Endpoint, i), offsetPort(ev.Replay, i)
 			sc.KVEvents = &ev
 		}
-		srv, err := emulator.New(sc)
+		dp, err := emulator.NewDataParallel(sc, cfg.dataParallel)
 		if err != nil {
 			ln.Close()
 			return err
 		}
 		replicas = append(replicas, &replica{
-			srv:  srv,
-			http: &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second},
+			srv:  dp.Rank(0),
+			dp:   dp,
+			http: &http.Server{Handler: dp, ReadHeaderTimeout: 10 * time.Second},
 			ln:   ln,
 			url:  "http://" + ln.Addr().String(),
 		})
@@ -259,7 +284,7 @@ func emulate(ctx context.Context, cfg emulateConfig, log *slog.Logger, ready fun
 	errc := make(chan error, len(replicas))
 	urls := make([]string, len(replicas))
 	for i, r := range replicas {
-		drivers.Go(func() { _ = r.srv.Run(runCtx) })
+		drivers.Go(func() { _ = r.dp.Run(runCtx) })
 		go func() {
 			if err := r.http.Serve(r.ln); !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("replica %d: %w", i, err)
@@ -272,6 +297,7 @@ func emulate(ctx context.Context, cfg emulateConfig, log *slog.Logger, ready fun
 		log.Info("emulating vLLM", "replica", i, "url", r.url, "model", r.srv.Model(),
 			"profile", p.Name, "kv_blocks", p.Blocks(), "block_size", p.BlockSize,
 			"max_num_seqs", p.MaxNumSeqs, "max_model_len", p.MaxModelLen, "time_scale", cfg.server.TimeScale,
+			"data_parallel_size", r.dp.Size(),
 			"faults", r.srv.Faults(), "api_key", cfg.server.APIKey != "", "admin", cfg.server.Admin)
 		urls[i] = r.url
 	}

@@ -68,6 +68,8 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	)
 	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:8080", "address the OpenAI-compatible API listens on")
 	fs.Var(&specs, "backend", "a backend as [name=]URL, e.g. gpu0=http://127.0.0.1:8001 (repeatable)")
+	dpRanks := dpRankFlag{}
+	fs.Var(dpRanks, "dp-ranks", "NAME=N: the --backend called NAME is a server of N data-parallel ranks (vLLM --data-parallel-size), routed to as N backends NAME/dp0… with the X-data-parallel-rank header (repeatable)")
 	fs.StringVar(&configPath, "config", "", "YAML file: backends: [{name, url, api_key_env}], and any flag below as a key (first_token_floor: 15s)")
 	cfg.discovery.register(fs) // discoveryflags.go
 	core := coreFlags{&cfg.policy, &cfg.fleet, &cfg.policyOpts, &cfg.sessionHeader}
@@ -122,8 +124,15 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 				return cfg, fmt.Errorf("backend name %q used twice", b.Name)
 			}
 		}
-		cfg.backends = append(cfg.backends, b)
-		cfg.discovery.fixed = append(cfg.discovery.fixed, b)
+		ranks, err := fleet.ExpandRanks(b, dpRanks[b.Name]) // dprankflags.go
+		if err != nil {
+			return cfg, err
+		}
+		cfg.backends = append(cfg.backends, ranks...)
+		cfg.discovery.fixed = append(cfg.discovery.fixed, ranks...)
+	}
+	if err := dpRanks.unused(cfg.backends); err != nil {
+		return cfg, err
 	}
 	if err := cfg.discovery.validate(); err != nil { // discoveryflags.go
 		return cfg, err

@@ -84,6 +84,8 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.DurationVar(&sf.find.SLO, "slo-ttft-p99", 0, "p99 TTFT objective for --find-backends (e.g. 2s)")
 	fs.BoolVar(&findBackend, "find-backends", false, "find, per policy, the smallest fleet whose p99 TTFT meets --slo-ttft-p99")
 	fs.IntVar(&sf.find.Max, "max-backends", 4096, "--find-backends: the largest fleet tried")
+	lf := addLoRAFlags(fs, "servers, for workloads that name adapters (lora)")
+	dp := fs.Int("data-parallel-size", 1, "data-parallel ranks of every server (--backends counts servers): its engines, each its own cache and batch, routed to as backends gpuI/dpR as serve --dp-ranks makes them")
 	fs.StringVar(&sf.out, "out", "", "directory for results.json and report.html (default out/sim-WORKLOAD)")
 	fs.StringVar(&sf.cpuProfile, "cpuprofile", "", "write a CPU profile of the simulation to this file")
 	fs.BoolVar(&sf.hugePages, "huge-pages", false, "Linux: ask for transparent huge pages (2 MiB) for the simulator's memory, where the system gives them only when asked: a large fleet's tables are read at random, and with 4 KiB pages nearly every read also misses the TLB; the kernel's work to assemble them costs system time, more than it saves with small blocks (results do not change)")
@@ -138,6 +140,18 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	}
 	if sf.out == "" {
 		sf.out = out
+	}
+	if *dp < 1 {
+		return sf, fmt.Errorf("--data-parallel-size must be at least 1, got %d", *dp)
+	}
+	sf.cfg.Backends *= *dp
+	sf.cfg.DataParallel = *dp
+	if len(sf.cfg.Workload.Adapters()) > 0 {
+		l, err := lf.lora(sf.cfg.Profile)
+		if err != nil {
+			return sf, err
+		}
+		sf.cfg.LoRA = &l
 	}
 	return sf, nil
 }

@@ -7,6 +7,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -147,7 +148,7 @@ func (c *Client) Run(ctx context.Context, sessions []workload.Session, done func
 				text = c.Tag + text
 			}
 			msgs = append(msgs, message{Role: turn.MessageRole(), Content: text})
-			res, reply := c.chat(ctx, start, s.ID, msgs, turn.MaxTokens)
+			res, reply := c.chat(ctx, start, cmp.Or(s.Model, c.Model), s.ID, msgs, turn.MaxTokens)
 			res.Session, res.Turn, res.Heavy = i, t, turn.Heavy
 			if c.BlockTokens > 0 && res.Err == nil {
 				res.PromptBlocks, res.SequenceBlocks = blocks(msgs, reply, c.BlockTokens)
@@ -282,9 +283,9 @@ type streamChunk struct {
 // little over a hundred lines because it classifies every way a stream can
 // end (whole, cut with an error event, cut silently, lost) where it reads
 // it, so that each outcome is decided in one place.
-func (c *Client) chat(ctx context.Context, start time.Time, session string, msgs []message, maxTokens int) (results.Result, string) {
+func (c *Client) chat(ctx context.Context, start time.Time, model, session string, msgs []message, maxTokens int) (results.Result, string) {
 	fields := map[string]any{
-		"model":          c.Model,
+		"model":          model,
 		"messages":       msgs,
 		"max_tokens":     maxTokens,
 		"stream":         true,

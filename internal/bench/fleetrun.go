@@ -58,6 +58,13 @@ type FleetConfig struct {
 	TokenizeTimeout time.Duration
 	// Logger receives the components' logs; nil discards them.
 	Logger *slog.Logger
+	// LoRA, when not nil, makes the emulators serve LoRA adapters with
+	// these limits, LoRAModules from the start.
+	LoRA        *engine.LoRA
+	LoRAModules []emulator.LoRAModule
+	// DataParallel, above 1, makes every emulated server that many
+	// data-parallel ranks, each a backend of the router's (dprank.go).
+	DataParallel int
 }
 
 // Fleet is a running fleet and its router.
@@ -196,7 +203,11 @@ func (f *Fleet) emulate(ctx context.Context, cfg FleetConfig, logger *slog.Logge
 		backends []*fleet.Backend
 		urls     []string
 	)
-	f.emuCfg = emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger}
+	f.emuCfg = emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger,
+		LoRA: cfg.LoRA, LoRAModules: cfg.LoRAModules}
+	if cfg.DataParallel > 1 {
+		return f.emulateRanks(ctx, cfg) // dprank.go
+	}
 	for i := range cfg.Backends {
 		var events kvevents.Source
 		if cfg.KVEvents {
@@ -368,6 +379,7 @@ func (f *Fleet) Restart(i int) error {
 	r.busy += old.BusyTime
 	r.prompt += old.PrefixQueries
 	r.cached += old.PrefixHits
+	r.loraLoads += old.LoRALoads
 	f.Servers[i] = s
 	f.start(i, s, ln)
 	return nil

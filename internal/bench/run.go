@@ -23,6 +23,13 @@ import (
 type Config struct {
 	// Workload is played once per policy, identically.
 	Workload workload.Workload
+	// LoRA, when not nil, makes the emulated servers serve the workload's
+	// LoRA adapters with these limits (lora.go).
+	LoRA *engine.LoRA
+	// DataParallel, above 1, makes every emulated server that many
+	// data-parallel ranks behind one address, each a backend of the
+	// router's: Backends counts servers.
+	DataParallel int
 	// Backends is the number of emulated servers; Profile their model.
 	Backends int
 	Profile  engine.Profile
@@ -151,11 +158,13 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 		Policy: policy, Seed: cfg.Seed, Logger: cfg.Logger,
 		KVRoute:  kvroute.Config{Objective: cfg.Objective, SLO: kvroute.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}},
 		KVEvents: cfg.KVEvents, TokenizeTimeout: cfg.TokenizeTimeout,
+		LoRA: cfg.LoRA, LoRAModules: loraModules(cfg), DataParallel: cfg.DataParallel,
 	})
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	loads := f.adapterLoads()
 
 	var done func(results.Result)
 	if cfg.Progress != nil {
@@ -222,6 +231,7 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 		busy[i] = s.Busy
 	}
 	run.Summary.Imbalance = results.Imbalance(busy)
+	run.Summary.AdapterLoads = f.adapterLoads() - loads
 	return run, nil
 }
 
@@ -249,6 +259,8 @@ type backendStats struct {
 	// tokens, all since the backend started.
 	busy           time.Duration
 	prompt, cached int64
+	// loraLoads counts LoRA adapters loaded from storage.
+	loraLoads int64
 }
 
 // stats reads every backend's state: the emulators' own, or what real

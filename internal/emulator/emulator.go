@@ -96,6 +96,11 @@ type Config struct {
 	// topic), from the engine model's block stores and evictions. Close
 	// releases the sockets.
 	KVEvents *kvevents.PublisherConfig
+	// LoRA, when not nil, serves LoRA adapters of the model with these
+	// limits (vLLM's --enable-lora, --max-loras, --max-cpu-loras):
+	// LoRAModules from the start, more through /v1/load_lora_adapter.
+	LoRA        *engine.LoRA
+	LoRAModules []LoRAModule
 }
 
 // Server is one emulated vLLM server: an http.Handler for the OpenAI API plus
@@ -134,6 +139,8 @@ type Server struct {
 
 	// kv publishes the engine's KV events; nil when not configured.
 	kv *kvEvents
+	// lora is the registered LoRA adapters; nil when LoRA is off (lora.go).
+	lora *adapters
 
 	wake    chan struct{} // cap 1: work arrived or left
 	stopped chan struct{} // closed when Run returns
@@ -240,7 +247,14 @@ func New(cfg Config) (*Server, error) {
 	if gpuID == "" {
 		gpuID = fmt.Sprintf("%s/%d", model, cfg.Seed)
 	}
-	s.metrics = newMetrics(s, newDCGMCollector(s, gpuID))
+	if cfg.LoRA != nil {
+		if err := s.setLoRA(*cfg.LoRA, cfg.LoRAModules); err != nil {
+			return nil, err
+		}
+	} else if len(cfg.LoRAModules) > 0 {
+		return nil, errors.New("emulator: LoRA modules need LoRA on")
+	}
+	s.metrics = newMetrics(s, newDCGMCollector(s, gpuID), newLoRACollector(s))
 	if cfg.KVEvents != nil {
 		pub, err := kvevents.NewPublisher(*cfg.KVEvents)
 		if err != nil {

@@ -1,6 +1,7 @@
 package emulator
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -65,6 +66,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/metrics":
 		if allow(w, r, http.MethodGet, http.MethodHead) {
 			s.metrics.handler.ServeHTTP(w, r)
+		}
+	case "/v1/load_lora_adapter", "/v1/unload_lora_adapter":
+		switch {
+		case s.lora == nil:
+			s.notFound(w, r) // vLLM mounts them only with LoRA on
+		case !allow(w, r, http.MethodPost):
+		case r.URL.Path == "/v1/load_lora_adapter":
+			s.handleLoadAdapter(w, r) // lora.go
+		default:
+			s.handleUnloadAdapter(w, r)
 		}
 	case "/admin/faults":
 		if s.admin {
@@ -181,6 +192,9 @@ type exchange struct {
 	// engine's call once serve made it.
 	messages bool
 	call     *call
+	// model is the model the response names: the served one, or the LoRA
+	// adapter the request named (adapter, else empty).
+	model, adapter string
 }
 
 // modelNotFound is vLLM's error for a model it does not serve.
@@ -196,8 +210,12 @@ func modelNotFound(model string) *openai.Error {
 
 // prepare checks the fields shared by both endpoints.
 func (s *Server) prepare(model string, n *int, stream bool, opts *streamOptions, chat bool, limits ...namedLimit) (*exchange, *openai.Error) {
+	adapter := ""
 	if model != "" && model != s.model {
-		return nil, modelNotFound(model)
+		if s.adapter(model) == 0 {
+			return nil, modelNotFound(model)
+		}
+		adapter = model
 	}
 	maxTokens, e := checkCommon(n, limits...)
 	if e != nil {
@@ -209,6 +227,8 @@ func (s *Server) prepare(model string, n *int, stream bool, opts *streamOptions,
 		stream:       stream,
 		includeUsage: stream && opts != nil && opts.IncludeUsage,
 		maxTokens:    maxTokens,
+		model:        cmp.Or(adapter, s.model),
+		adapter:      adapter,
 	}
 	object := "text_completion"
 	x.id = "cmpl-" + randomHex()
@@ -216,7 +236,7 @@ func (s *Server) prepare(model string, n *int, stream bool, opts *streamOptions,
 		object = "chat.completion.chunk"
 		x.id = "chatcmpl-" + randomHex()
 	}
-	x.events = newChunker(x.id, object, x.created, s.model, chat, x.includeUsage)
+	x.events = newChunker(x.id, object, x.created, x.model, chat, x.includeUsage)
 	return x, nil
 }
 
@@ -228,6 +248,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, x *exchange, prom
 		writeError(w, e)
 		return
 	}
+	s.runUnder(c, x.adapter)
 	if err := s.submit(c); err != nil {
 		writeError(w, submitError(err))
 		return
@@ -307,7 +328,7 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x 
 		writeJSON(w, http.StatusOK, s.message(x, c, true)) // messages.go
 	case x.chat:
 		writeJSON(w, http.StatusOK, chatCompletion{
-			ID: x.id, Object: "chat.completion", Created: x.created, Model: s.model,
+			ID: x.id, Object: "chat.completion", Created: x.created, Model: x.model,
 			Choices: []chatChoice{{
 				Message:      chatReply{Role: "assistant", Content: text, ToolCalls: []json.RawMessage{}},
 				FinishReason: reason,
@@ -316,7 +337,7 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x 
 		})
 	default:
 		writeJSON(w, http.StatusOK, textCompletion{
-			ID: x.id, Object: "text_completion", Created: x.created, Model: s.model,
+			ID: x.id, Object: "text_completion", Created: x.created, Model: x.model,
 			Choices: []textChoice{{Text: text, FinishReason: reason}},
 			Usage:   u,
 		})
@@ -427,10 +448,10 @@ func (s *Server) handleHealth(w http.ResponseWriter) {
 func (s *Server) handleModels(w http.ResponseWriter) {
 	writeJSON(w, http.StatusOK, modelList{
 		Object: "list",
-		Data: []modelCard{{
+		Data: append([]modelCard{{
 			ID: s.model, Object: "model", Created: s.created, OwnedBy: "vllm",
 			Root: s.model, MaxModelLen: s.profile.MaxModelLen,
-		}},
+		}}, s.adapterCards()...),
 	})
 }
 

@@ -98,7 +98,7 @@ func (s *Server) handleCountTokens(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	if req.Model != "" && req.Model != s.model {
+	if req.Model != "" && req.Model != s.model && s.adapter(req.Model) == 0 {
 		writeError(w, modelNotFound(req.Model))
 		return
 	}
@@ -233,7 +233,7 @@ func stopReason(c *call) *string {
 // message is x's message: at its start (c's output not yet done) with no
 // content and no stop reason, else whole.
 func (s *Server) message(x *exchange, c *call, done bool) *messageObject {
-	m := &messageObject{ID: x.id, Type: "message", Role: "assistant", Content: []messageBlock{}, Model: s.model}
+	m := &messageObject{ID: x.id, Type: "message", Role: "assistant", Content: []messageBlock{}, Model: x.model}
 	if !done {
 		m.Usage = messageUsageOf(c, 0)
 		return m

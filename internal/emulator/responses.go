@@ -241,7 +241,7 @@ type responseUsage struct {
 // response is the response object of x, in progress or (done) with its
 // output and usage.
 func (s *Server) response(x *exchange, c *call, done bool) *responseObject {
-	o := &responseObject{ID: x.id, Object: "response", CreatedAt: x.created, Model: s.model, Status: "in_progress",
+	o := &responseObject{ID: x.id, Object: "response", CreatedAt: x.created, Model: x.model, Status: "in_progress",
 		Output: []responseOutput{}}
 	if !done {
 		return o

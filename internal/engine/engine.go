@@ -48,6 +48,8 @@ type Engine struct {
 	co     coast // the run of decode steps in flight, if any (coast.go)
 	// observer hears of every block published and evicted (SetObserver).
 	observer BlockObserver
+	// lora is the adapters' state when LoRA is on (SetLoRA), else nil.
+	lora *loraState
 }
 
 // BlockObserver hears what an engine's prefix cache stores and evicts: what
@@ -96,6 +98,9 @@ type Stats struct {
 	EvictedBlocks int64
 	// Finished and Aborted count requests that ended.
 	Finished, Aborted int64
+	// LoRALoads counts adapters loaded from storage; LoRAActivations
+	// adapters put in a GPU slot (from storage or the CPU cache).
+	LoRALoads, LoRAActivations int64
 	// Steps counts non-empty steps; BusyTime sums their durations.
 	Steps    int64
 	BusyTime time.Duration
@@ -160,6 +165,9 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 	}
 	if r.State != StateNew {
 		return fmt.Errorf("%w: request %d already added", ErrInvalid, r.ID)
+	}
+	if r.Adapter != 0 && e.lora == nil {
+		return fmt.Errorf("%w: request %d names an adapter and LoRA is off", ErrInvalid, r.ID)
 	}
 	total := r.PromptLen + r.MaxTokens
 	if total > e.p.MaxModelLen {
@@ -275,13 +283,16 @@ func (e *Engine) Step(now time.Duration) StepResult {
 
 	// Then waiting requests, unless this step had to preempt: the cache is
 	// full and admitting more would only thrash.
-	for !preempted && budget > 0 && len(e.running) < e.p.MaxNumSeqs && e.waiting.len() > 0 {
+	for e.lora == nil && !preempted && budget > 0 && len(e.running) < e.p.MaxNumSeqs && e.waiting.len() > 0 {
 		r := e.waiting.front()
 		if !e.admit(r, budget) {
 			break
 		}
 		e.waiting.popFront()
 		budget -= r.scheduled
+	}
+	if e.lora != nil && !preempted {
+		budget = e.admitLoRA(budget)
 	}
 
 	if len(e.sched) == 0 {
@@ -297,7 +308,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 			res.PrefillTokens += r.scheduled
 		}
 	}
-	dur := e.rf.stepTime(w)
+	dur := e.rf.stepTime(w) + e.loadAdapters()
 	res.ComputeTime, res.MemoryTime = e.rf.terms(w)
 	res.End = now + dur
 	e.stats.Steps++

@@ -47,6 +47,10 @@ type Request struct {
 	// ChainHash. It may cover fewer blocks than the sequence: blocks past its
 	// end are computed but never shared through the prefix cache.
 	BlockHashes []uint64
+	// Adapter names the LoRA adapter the request runs under (the caller's
+	// number for it); 0 is the base model. The caller seeds BlockHashes
+	// with the adapter (SeedHashes).
+	Adapter int32
 
 	// Arrival is when Add was called, in the engine's clock.
 	Arrival time.Duration

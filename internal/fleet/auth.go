@@ -32,6 +32,7 @@ func (b *Backend) Authorize(h http.Header) {
 	if b.APIKey != "" {
 		h.Set("Authorization", "Bearer "+string(b.APIKey))
 	}
+	b.setRank(h) // rank.go
 }
 
 // DefaultName is the name of the backend at index that was given no name:

@@ -36,6 +36,12 @@ type Backend struct {
 	// node). Set before the backend is used, never changed after.
 	GPUMetricsURL *url.URL
 	GPUPod        string
+	// Rank and Ranks, when Ranks > 1, make the backend one data-parallel
+	// rank of a server behind URL (rank.go): requests carry the rank in
+	// the X-data-parallel-rank header and its metrics are the series
+	// labelled engine="Rank". Set before the backend is used, never
+	// changed after.
+	Rank, Ranks int
 
 	healthy atomic.Bool
 	info    atomic.Pointer[Info]
@@ -62,6 +68,9 @@ type Backend struct {
 type Info struct {
 	// Models are the model ids the backend serves (from /v1/models).
 	Models []string
+	// Adapters are those of Models that are LoRA adapters of another (a
+	// parent in /v1/models, as vLLM lists them).
+	Adapters []string
 	// BlockSize and KVBlocks describe its KV cache (from
 	// vllm:cache_config_info, 0 when unknown).
 	BlockSize, KVBlocks int
@@ -113,6 +122,9 @@ type Metrics struct {
 	// GPUs; SMActive is DCGM_FI_PROF_SM_ACTIVE likewise. Read from the
 	// backend's /metrics or its GPUMetricsURL; -1 when neither exports it.
 	GPUUtil, SMActive float64
+	// LoRA is the engine's adapter residency (vllm:lora_requests_info);
+	// nil when it serves no adapters.
+	LoRA *LoRAInfo
 	// At is when the scrape finished.
 	At time.Time
 }

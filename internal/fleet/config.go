@@ -44,6 +44,9 @@ type fileConfig struct {
 		// (Backend.GPUMetricsURL, Backend.GPUPod).
 		GPUMetricsURL string `yaml:"gpu_metrics_url"`
 		GPUPod        string `yaml:"gpu_pod"`
+		// DPRanks, above 1, makes the backend that many data-parallel
+		// ranks behind one URL (rank.go).
+		DPRanks int `yaml:"dp_ranks"`
 	} `yaml:"backends"`
 	// yaml.v3 parses time.Duration from strings such as "500ms" and rejects
 	// bare numbers, which would be ambiguous.
@@ -117,7 +120,12 @@ func parseConfig(data []byte) (Config, error) {
 			return Config{}, fmt.Errorf("%w: backend %d: %w", ErrInvalidConfig, i+1, err)
 		}
 		b.GPUPod = e.GPUPod
-		cfg.Backends = append(cfg.Backends, b)
+		b.Index = len(cfg.Backends)
+		ranks, err := ExpandRanks(b, e.DPRanks)
+		if err != nil {
+			return Config{}, fmt.Errorf("%w: backend %d: %w", ErrInvalidConfig, i+1, err)
+		}
+		cfg.Backends = append(cfg.Backends, ranks...)
 	}
 	if err := uniqueNames(cfg.Backends); err != nil {
 		return Config{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
@@ -226,7 +234,7 @@ func uniqueNames(bs []*Backend) error {
 			return fmt.Errorf("backends %d and %d are both named %q", j+1, i+1, b.Name)
 		}
 		seen[b.Name] = i
-		u := b.URL.String()
+		u := endpoint(b) // rank.go: ranks share a URL
 		if j, dup := urls[u]; dup {
 			return fmt.Errorf("backends %d and %d have the same URL %s", j+1, i+1, u)
 		}

@@ -167,6 +167,9 @@ type member struct {
 	scraper  scraper
 	// scrapeFailing is set while scrapes fail, to log it once.
 	scrapeFailing bool
+	// enginesNoted is set once a backend that is no rank was found to
+	// serve several data-parallel engines (rank.go).
+	enginesNoted bool
 	// gpuFailing is the same for the backend's GPUMetricsURL.
 	gpuFailing bool
 }
@@ -220,6 +223,7 @@ func newMember(b *Backend) *member {
 		modelsURL:  b.URL.JoinPath("v1", "models").String(),
 		metricsURL: b.URL.JoinPath("metrics").String(),
 		slotsURL:   b.URL.JoinPath("slots").String(),
+		scraper:    scraper{engine: engineLabel(b)}, // rank.go
 	}
 }
 

@@ -70,6 +70,9 @@ func (f *Fleet) probe(ctx context.Context, m *member) error {
 type modelList struct {
 	Data []struct {
 		ID string `json:"id"`
+		// Parent is the base model of a LoRA adapter (vLLM); empty or the
+		// id itself for a base model.
+		Parent string `json:"parent"`
 	} `json:"data"`
 }
 
@@ -94,6 +97,7 @@ func (f *Fleet) discover(ctx context.Context, m *member) {
 	if err == nil && len(models) == 0 {
 		err = ErrNoModels
 	}
+	adapters := adaptersOf(&list)
 	if ctx.Err() != nil {
 		return
 	}
@@ -109,7 +113,7 @@ func (f *Fleet) discover(ctx context.Context, m *member) {
 		return
 	}
 	m.discoverFailing = false
-	info := &Info{Models: models, BlockSize: m.cache.blockSize, KVBlocks: m.cache.blocks}
+	info := &Info{Models: models, Adapters: adapters, BlockSize: m.cache.blockSize, KVBlocks: m.cache.blocks}
 	if old := b.Info(); old != nil {
 		if info.BlockSize == 0 { // this scrape had no cache shape: keep the one we knew
 			info.BlockSize, info.KVBlocks = old.BlockSize, old.KVBlocks
@@ -133,9 +137,9 @@ func (m *member) setCache(c cacheConfig) {
 	if old == nil || (old.BlockSize == c.blockSize && old.KVBlocks == c.blocks) {
 		return
 	}
-	m.b.SetInfo(&Info{Models: old.Models, BlockSize: c.blockSize, KVBlocks: c.blocks})
+	m.b.SetInfo(&Info{Models: old.Models, Adapters: old.Adapters, BlockSize: c.blockSize, KVBlocks: c.blocks})
 }
 
 func sameInfo(a, b *Info) bool {
-	return a.BlockSize == b.BlockSize && a.KVBlocks == b.KVBlocks && slices.Equal(a.Models, b.Models)
+	return a.BlockSize == b.BlockSize && a.KVBlocks == b.KVBlocks && slices.Equal(a.Models, b.Models) && slices.Equal(a.Adapters, b.Adapters)
 }

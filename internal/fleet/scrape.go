@@ -56,7 +56,7 @@ var (
 // wanted is every name above: the only lines of a scrape worth parsing.
 var wanted = func() map[string]bool {
 	w := map[string]bool{cacheConfigName: true, llamaComputedName: true, llamaCachedName: true,
-		gpuUtilName: true, smActiveName: true}
+		gpuUtilName: true, smActiveName: true, loraInfoName: true}
 	for _, names := range [][]string{runningNames, waitingNames, kvUsageNames, busyNames} {
 		for _, n := range names {
 			w[n] = true
@@ -89,6 +89,10 @@ type scraper struct {
 	ready  bool
 	// llama is set when the last parse found llama.cpp's metrics.
 	llama bool
+	// engine, when set, keeps only the series of that data-parallel
+	// engine (rank.go); engines is how many the last parse found.
+	engine  string
+	engines int
 }
 
 // scrape reads m's /metrics and stores its load signals with At = now, and
@@ -133,6 +137,7 @@ func (f *Fleet) scrape(ctx context.Context, m *member) {
 	if cache.blockSize > 0 && cache.blocks > 0 {
 		m.setCache(cache)
 	}
+	f.noteEngines(m, m.scraper.engines) // rank.go
 }
 
 // parse reads a Prometheus text exposition and returns the load signals in
@@ -154,6 +159,8 @@ func (s *scraper) parse(r io.Reader) (*Metrics, cacheConfig, error) {
 	if err != nil {
 		return nil, cacheConfig{}, err
 	}
+	s.engines = engineCount(fams[runningNames[0]])
+	engineOnly(fams, s.engine)
 
 	met := &Metrics{KVUsage: -1}
 	met.GPUUtil, met.SMActive = gpuSignals(fams, "")
@@ -185,6 +192,7 @@ func (s *scraper) parse(r io.Reader) (*Metrics, cacheConfig, error) {
 			met.BusySeconds += v
 		}
 	}
+	met.LoRA = loraInfo(fams[loraInfoName])
 	_, s.llama = fams[llamaName]
 	return met, cacheShape(fams[cacheConfigName]), nil
 }

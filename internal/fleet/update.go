@@ -32,7 +32,7 @@ func (f *Fleet) WatchLoad(fn func(*Backend)) {
 // identity is what makes a backend the same one across updates: its name,
 // its URL and the key it is sent. A backend whose URL or key changes is a
 // new backend that starts cold.
-func identity(b *Backend) string { return b.Name + "\x00" + b.URL.String() + "\x00" + string(b.APIKey) }
+func identity(b *Backend) string { return b.Name + "\x00" + endpoint(b) + "\x00" + string(b.APIKey) }
 
 // Update makes backends the fleet's members, in that order, and returns the
 // backends it added and removed.
@@ -65,7 +65,7 @@ func (f *Fleet) Update(ctx context.Context, backends []*Backend) (added, removed
 	names, urls := make(map[string]bool, len(backends)), make(map[string]bool, len(backends))
 	var fresh []*member
 	for _, b := range backends {
-		u := b.URL.String()
+		u := endpoint(b) // rank.go: ranks share a URL
 		if names[b.Name] || urls[u] {
 			f.log.Warn("backend given twice; ignoring the second", "backend", b.Name, "url", u)
 			continue

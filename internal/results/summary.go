@@ -71,6 +71,9 @@ type Summary struct {
 	// Imbalance is the busiest backend's busy time over the mean (1 is
 	// perfectly even); 0 when unknown.
 	Imbalance float64 `json:"imbalance"`
+	// AdapterLoads counts the LoRA adapters the backends loaded from
+	// storage (0 without adapters).
+	AdapterLoads int64 `json:"adapter_loads,omitempty"`
 	// PredictionAccuracy is the share of successful requests whose
 	// predicted cached tokens were right to the block
 	// (PredictionAccuracy); 0 when not measured.
@@ -378,6 +381,9 @@ func WriteTable(w io.Writer, sums []Summary, bounds Bounds) error {
 		})
 	}
 	row("load imbalance (max/mean busy)", func(s Summary) string { return fmt.Sprintf("%.2f", s.Imbalance) })
+	if slices.ContainsFunc(sums, func(s Summary) bool { return s.AdapterLoads > 0 }) {
+		row("LoRA adapter loads", func(s Summary) string { return fmt.Sprint(s.AdapterLoads) })
+	}
 	if o := sums[0].SLO; o != nil {
 		slo := func(f func(*SLOSummary) string) func(Summary) string {
 			return func(s Summary) string {

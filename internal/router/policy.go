@@ -55,14 +55,14 @@ type Score struct {
 	// Cached is the predicted cached prompt tokens there.
 	Cached int
 	// Terms breaks Cost into its named terms, for a policy whose cost is a
-	// sum (kvroute's: queued, compute, kv_wait, slot_wait, miss, stream);
+	// sum (kvroute's: queued, compute, kv_wait, slot_wait, adapter, miss, stream);
 	// zero for the others, and then left out of the JSON.
 	Terms Terms `json:",omitzero"`
 }
 
-// MaxTerms is how many named terms a Score can carry: kvroute's seven. Each
+// MaxTerms is how many named terms a Score can carry: kvroute's eight. Each
 // more makes every decision's scores 8 bytes a candidate larger.
-const MaxTerms = 7
+const MaxTerms = 8
 
 // Terms is a cost's breakdown: Seconds[i] is the term named Names[i]. It
 // is held in the Score, not behind a pointer, so that explaining a decision

@@ -12,6 +12,11 @@ import (
 type Request struct {
 	// Model is the requested model id.
 	Model string
+	// Adapter is the LoRA adapter the request runs under: Model, when the
+	// candidates list it as an adapter (Router.Route sets it), or as the
+	// caller sets it; empty for a base model. Prefix hashes are seeded
+	// with it (PrefixHashes).
+	Adapter string
 	// SessionKey groups the turns of one conversation (X-Session-ID, else
 	// the body's keys in the proxy's order: prompt_cache_key,
 	// previous_response_id, safety_identifier, user, metadata); empty when
@@ -63,7 +68,17 @@ const TokenBytes = int(DefaultRatio)
 // hash, the chained hash that names the whole prefix up to its end; a token
 // block of k index blocks stands for k hashes derived from its own, so the
 // index counts, and is sized in, its own blocks whatever the caller's.
+//
+// Under an adapter every hash is seeded with its name: KV computed under one
+// adapter is not reused under another or the base model (lora.go).
 func (req *Request) PrefixHashes(dst []uint64, blockBytes int) []uint64 {
+	n := len(dst)
+	dst = req.unseededHashes(dst, blockBytes)
+	seedAdapter(dst[n:], req.Adapter)
+	return dst
+}
+
+func (req *Request) unseededHashes(dst []uint64, blockBytes int) []uint64 {
 	if req.TokenBlocks != nil && req.TokenBlockSize > 0 {
 		indexTokens := int(float64(blockBytes) / DefaultRatio)
 		if float64(indexTokens)*DefaultRatio == float64(blockBytes) && indexTokens > 0 {

@@ -73,6 +73,7 @@ func (r *Router) SetBackends(backends []*fleet.Backend) {
 // The errors are ErrNoBackend and ErrNoChoice, or the policy's own.
 func (r *Router) Route(req *Request, cands []*fleet.Backend) (*Ticket, error) {
 	r.Estimate(req)
+	setAdapter(req, cands)
 	// A response continued goes back to the backend that stores it; the
 	// policy still picks (among that one), so that it counts and learns
 	// the request as any other.

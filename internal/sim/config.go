@@ -109,6 +109,16 @@ type Config struct {
 	// what pruning changes.
 	FullScan bool
 
+	// DataParallel, above 1, groups the Backends engines into servers of
+	// that many data-parallel ranks, named gpuI/dpR as kvroute serve
+	// --dp-ranks names them: a rank is an engine of its own, and the
+	// router routes to each (dprank.go).
+	DataParallel int
+	// LoRA, when not nil, makes every server serve LoRA adapters with
+	// these limits (engine.LoRA); a workload whose sessions name adapters
+	// needs it.
+	LoRA *engine.LoRA
+
 	stepwise bool // step every step (tests check that coasting changes nothing)
 }
 
@@ -141,6 +151,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("sim: the workload has no sessions")
 	case c.Profile.BlockSize <= 0:
 		return c, errors.New("sim: no engine profile")
+	case c.DataParallel > 1 && c.Backends%c.DataParallel != 0:
+		return c, fmt.Errorf("sim: %d engines are not servers of %d data-parallel ranks", c.Backends, c.DataParallel)
+	case c.LoRA == nil && len(c.Workload.Adapters()) > 0:
+		return c, errors.New("sim: the workload names LoRA adapters: give the servers' LoRA limits (--max-loras)")
 	case c.Tile > 1 && !tokenMode(c):
 		return c, errors.New("sim: tiling needs a workload of single-turn, block-described requests (a trace or mixed) without --text")
 	}

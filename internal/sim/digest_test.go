@@ -84,6 +84,9 @@ func runDigest(t *testing.T, cfg Config) map[string]uint64 {
 // this chat run it does for a stretch; on Mooncake it never does, and those
 // digests held (docs/BENCHMARKS.md, Predictions on engines of other shapes).
 //
+// llmd-lora is llmd-default where no backend serves adapters: its digests
+// are llmd-default's.
+//
 // kvroute's pruned pick (internal/router/kvroute/prune.go) leaves these
 // digests as they were: it starts above 64 backends, and these fleets have
 // 4 and 8. Its
@@ -94,7 +97,7 @@ func TestDecisionsUnchanged(t *testing.T) {
 		Policies: names, Seed: 5}
 	check(t, "chat", runDigest(t, chat), map[string]uint64{
 		"dynamo-kv": 0x32a1360d26d45f8a, "kvroute": 0x1555d984c889edaa, "kvroute:ttft": 0xeb7f8689fa292430, "least-request": 0x45da9dda68fc747b,
-		"llmd-default": 0x502c9237514f92d, "p2c": 0x7ae85ccd31ee4a91, "preble-e2": 0x130ca9072bcd8671,
+		"llmd-default": 0x502c9237514f92d, "llmd-lora": 0x502c9237514f92d, "p2c": 0x7ae85ccd31ee4a91, "preble-e2": 0x130ca9072bcd8671,
 		"random": 0x172767a325ad8df0, "round-robin": 0x57ff69c810894231, "session-bounded": 0x98181a867e1dac0d,
 		"session-hash": 0xe35a22d9d7be21ed, "sglang-cache-aware": 0xc029dc1a5249b18d,
 	})
@@ -107,7 +110,7 @@ func TestDecisionsUnchanged(t *testing.T) {
 	mooncake := Config{Workload: w, Backends: 8, Profile: profile(t).WithBlockSize(512), Policies: names, Seed: 9}
 	check(t, "mooncake", runDigest(t, mooncake), map[string]uint64{
 		"dynamo-kv": 0x361be83e82667e72, "kvroute": 0x2e92c08865a14d7f, "kvroute:ttft": 0x926f9162983e960b, "least-request": 0x718d28576665ba37,
-		"llmd-default": 0x50384c61a3a70bbc, "p2c": 0x613ee462bf434ce6, "preble-e2": 0x84e84ab190bd5f17,
+		"llmd-default": 0x50384c61a3a70bbc, "llmd-lora": 0x50384c61a3a70bbc, "p2c": 0x613ee462bf434ce6, "preble-e2": 0x84e84ab190bd5f17,
 		"random": 0x825f19c75ab95973, "round-robin": 0x40d02807d4c85b42, "session-bounded": 0xd0a6d8de9c6db4fc,
 		"session-hash": 0xeed6a502060cdbb1, "sglang-cache-aware": 0x9f63924fed3c278c,
 	})

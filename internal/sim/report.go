@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/results"
@@ -16,8 +15,9 @@ func (s *simulation) report(policy string) *results.Run {
 	for i := range s.servers {
 		st := s.servers[i].eng.Stats()
 		busy[i] = st.BusyTime
+		run.Summary.AdapterLoads += st.LoRALoads
 		run.Backends[i] = results.BackendSeries{
-			Name: fmt.Sprintf("gpu%d", i), Busy: st.BusyTime,
+			Name: s.cfg.serverName(i), Busy: st.BusyTime,
 			PromptTokens: st.PrefixQueries, CachedTokens: st.PrefixHits,
 			Samples: s.servers[i].samples,
 		}

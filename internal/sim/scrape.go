@@ -22,6 +22,7 @@ func (s *simulation) scrape(r int) {
 			Running: float64(st.Running), Waiting: float64(st.Waiting), KVUsage: st.KVUsage,
 			PrefixHits: float64(st.PrefixHits), PrefixQueries: float64(st.PrefixQueries),
 			GPUUtil: gpu, SMActive: -1, At: at,
+			LoRA: s.adapters.info(s.servers[i].eng),
 		}
 		rep.scraped[i], rep.busy[i] = s.now, st.BusyTime
 	}

@@ -89,6 +89,7 @@ type simulation struct {
 	tokBuf      []int32
 	salted      []uint64 // tokenHashes' scratch
 	kv          *kvFeed  // the servers' KV events; nil without Config.KVEvents
+	adapters    adapters // the workload's LoRA adapters (lora.go)
 	push        *pushFeed
 }
 
@@ -119,6 +120,9 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		}
 		s.servers[i].eng = e
 	}
+	if err := s.setLoRA(); err != nil {
+		return nil, err
+	}
 	if cfg.KVEvents {
 		s.kv = newKVFeed(s)
 	}
@@ -129,7 +133,7 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 			busy:    make([]time.Duration, cfg.Backends),
 		}
 		for i := range cfg.Backends {
-			b := fleet.NewBackend(i, fmt.Sprintf("gpu%d", i), nil)
+			b := fleet.NewBackend(i, cfg.serverName(i), nil)
 			b.SetInfo(info)
 			rep.backends = append(rep.backends, b)
 		}
@@ -175,6 +179,9 @@ func (s *simulation) replicaOptions(r int, rep *replica) policies.Options {
 		Now:     s.clock,
 	}
 	opts.KVRoute.FullScan = cfg.FullScan
+	if cfg.LoRA != nil {
+		opts.KVRoute.AdapterLoad = cfg.LoRA.LoadDisk
+	}
 	opts.KVRoute.NoScores = true // no result reads them
 	if !cfg.ReplicaUnaware {
 		opts.KVRoute.Replicas = cfg.Routers

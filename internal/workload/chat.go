@@ -56,6 +56,9 @@ type Session struct {
 	Start time.Duration
 	// System is the system prompt, shared with other sessions of its group.
 	System string
+	// Model, when set, is the model every turn names instead of the
+	// served one: a LoRA adapter of it (the lora workload).
+	Model string
 	// Turns are the user's messages in order.
 	Turns []Turn
 }

@@ -64,7 +64,7 @@ type Options struct {
 
 // Specs lists the workload specs Load understands.
 func Specs() []string {
-	return []string{"chat", "chat-long", "small-chat", "multiturn[:PATH]", "shared-prefix", "agentic", "long-gen", "mixed", "mooncake[:PATH]", "azure[:PATH]"}
+	return []string{"chat", "chat-long", "small-chat", "multiturn[:PATH]", "shared-prefix", "agentic", "long-gen", "mixed", "mooncake[:PATH]", "azure[:PATH]", "lora[:ADAPTERS]"}
 }
 
 // dataSetName names a workload for reports: name alone, or with the file
@@ -119,6 +119,8 @@ func Load(spec string, opts Options) (Workload, error) {
 		w, err = mooncake(path, opts)
 	case "azure":
 		w, err = azure(path, opts, rng)
+	case "lora":
+		w, err = lora(path, opts, rng)
 	default:
 		return Workload{}, fmt.Errorf("unknown workload %q (have %s)", spec, strings.Join(Specs(), ", "))
 	}

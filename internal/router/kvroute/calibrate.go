@@ -339,7 +339,11 @@ var cacheSignalDesc = prometheus.NewDesc("kvroute_cache_signal_state",
 	[]string{"backend", "state"}, nil)
 
 // Describe implements prometheus.Collector.
-func (p *Policy) Describe(ch chan<- *prometheus.Desc) { ch <- cacheSignalDesc }
+func (p *Policy) Describe(ch chan<- *prometheus.Desc) {
+	ch <- cacheSignalDesc
+	ch <- adaptersInFlightDesc // lora.go
+	ch <- adapterWaitsDesc
+}
 
 // Collect implements prometheus.Collector: the cache signal's state per
 // backend and for the fleet.
@@ -358,4 +362,5 @@ func (p *Policy) Collect(ch chan<- prometheus.Metric) {
 	for _, b := range p.backends() {
 		emit(b.Name, p.cal.cache.State(b.Index))
 	}
+	p.collectAdapters(ch)
 }

@@ -61,11 +61,11 @@ const maxScores = 16
 
 // termNames are the names of a cost's terms, in the order terms.list gives
 // them and LogValue logs them.
-var termNames = []string{"queued", "compute", "kv_wait", "slot_wait", "calibration", "miss", "stream"}
+var termNames = []string{"queued", "compute", "kv_wait", "slot_wait", "adapter", "calibration", "miss", "stream"}
 
 // list returns t as a Score's terms, named by termNames.
 func (t terms) list() router.Terms {
-	return router.Terms{Names: termNames, Seconds: [router.MaxTerms]float64{t.queued, t.compute, t.kvWait, t.slotWait, t.calibration, t.miss, t.stream}}
+	return router.Terms{Names: termNames, Seconds: [router.MaxTerms]float64{t.queued, t.compute, t.kvWait, t.slotWait, t.adapter, t.calibration, t.miss, t.stream}}
 }
 
 // explain returns the decision's scores: every candidate's, in order, or

@@ -109,6 +109,8 @@ type Policy struct {
 	burst burstWatch
 	// lanePos is each backend's place in the order lanes split (inLane).
 	lanePos atomic.Pointer[[]int32]
+	// adapters is what the router sent of each LoRA adapter (lora.go).
+	adapters adapters
 }
 
 var _ router.FleetWatcher = (*Policy)(nil)
@@ -194,6 +196,12 @@ type Config struct {
 	// built-in model alone achieves, for comparison (kvroute:uncalibrated).
 	// The cache signal is still watched.
 	NoCalibration bool
+	// AdapterLoad is the time a backend takes to load a LoRA adapter it
+	// does not hold (default DefaultAdapterLoad); MaxLoRAs the adapters
+	// one batch may hold where the engine does not report it (default 1,
+	// vLLM's). See lora.go.
+	AdapterLoad time.Duration
+	MaxLoRAs    int
 }
 
 func (c Config) withDefaults() Config {
@@ -223,6 +231,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DefaultKVTokens <= 0 {
 		c.DefaultKVTokens = 400_000
+	}
+	if c.AdapterLoad <= 0 {
+		c.AdapterLoad = DefaultAdapterLoad
+	}
+	if c.MaxLoRAs <= 0 {
+		c.MaxLoRAs = defaultMaxLoRAs
 	}
 	switch {
 	case c.MissPenalty == 0:

@@ -213,6 +213,7 @@ func (p *Policy) commit(s *pickScratch) router.Decision {
 	if !p.cfg.NoScores {
 		d.Scores = explain(s.cand, s.cands, s.best)
 	}
+	p.countAdapter(s.req, &d, cb.adapter)
 	p.index.Insert(chosen.Index, s.hashes)
 	p.prune.routed(chosen)
 	p.mu.Lock()

@@ -25,6 +25,9 @@ type candidate struct {
 	// batchFull: the engine has been seen to hold requests back at that
 	// many running (its batch), so seenWait is a wait it will have.
 	batchFull bool
+	adapter   float64          // seconds to load its adapter and wait for a slot (lora.go)
+	load      float64          // of which the load
+	evict     float64          // the reload of the adapter its load evicts (lora.go)
 	ttft      float64          // predicted TTFT there, seconds (calibrated)
 	lo, hi    float64          // its prediction interval
 	x         [calDims]float64 // the calibration's features (calibrate.go)
@@ -62,6 +65,8 @@ func (p *Policy) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned,
 		}
 		c.queued += s.peer[i].wait(func(tokens float64) float64 { return c.slow * ln.speed.prefill(tokens, 0) })
 		c.own = c.slow * ln.speed.prefill(c.miss, float64(c.cached))
+		load, slot, evict := p.adapterWait(b, s.req.Adapter, ln.life)
+		c.adapter, c.load, c.evict = load+slot, load, evict
 		if p.cfg.Metrics != nil {
 			if seen, full := p.cal.batchSeen(b, p.cfg.Metrics(b)); seen > 0 {
 				c.seenWait = slotWait(s.loads[i].Requests, seen, ln.life)
@@ -116,6 +121,9 @@ type terms struct {
 	kvWait float64
 	// slotWait is the wait for a free slot, on engines that report slots.
 	slotWait float64
+	// adapter is the load of the request's LoRA adapter and the wait for
+	// an adapter slot there (lora.go).
+	adapter float64
 	// calibration is what the calibrated TTFT adds to the terms above
 	// (negative where they overstate it), where it prices (calibrate.go).
 	calibration float64
@@ -128,7 +136,9 @@ type terms struct {
 }
 
 // ttft is the predicted time to first token: the terms before miss.
-func (t terms) ttft() float64 { return t.queued + t.compute + t.kvWait + t.slotWait + t.calibration }
+func (t terms) ttft() float64 {
+	return t.queued + t.compute + t.kvWait + t.slotWait + t.adapter + t.calibration
+}
 
 // cost is what the choice minimises.
 func (t terms) cost() float64 { return t.ttft() + t.miss + t.stream }
@@ -137,7 +147,8 @@ func (t terms) cost() float64 { return t.ttft() + t.miss + t.stream }
 func (t terms) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.Float64("queued", t.queued), slog.Float64("compute", t.compute),
-		slog.Float64("kv_wait", t.kvWait), slog.Float64("slot_wait", t.slotWait), slog.Float64("calibration", t.calibration),
+		slog.Float64("kv_wait", t.kvWait), slog.Float64("slot_wait", t.slotWait), slog.Float64("adapter", t.adapter),
+		slog.Float64("calibration", t.calibration),
 		slog.Float64("miss", t.miss), slog.Float64("stream", t.stream))
 }
 
@@ -175,7 +186,8 @@ func (p *Policy) terms(i int, b *fleet.Backend, c *candidate, l fleet.Load, ln *
 			t.slotWait = c.seenWait // a vLLM engine at its max_num_seqs queues the rest whole, as slots do
 		}
 	}
-	t.stream = st.cost(i, c, l)
+	t.adapter = c.adapter
+	t.stream = st.cost(i, c, l) + st.adapterStall(i, c.load, c.evict, l)
 	t.miss = penalty * c.own
 	return t
 }

@@ -27,12 +27,17 @@ type LLMDDefault struct {
 	rand    *router.Rand
 	index   *blockIndex
 	metrics func(*fleet.Backend) *fleet.Metrics
+	// loraWeight weighs the lora-affinity scorer (llmd-lora, lora.go);
+	// 0 in llmd-default, which has none.
+	loraWeight float64
 }
 
 // LLMDConfig tunes llmd-default: the scorers' weights. Zero values take the
 // defaults (2, 2, 3); negative means 0.
 type LLMDConfig struct {
 	QueueWeight, KVCacheWeight, PrefixWeight float64
+	// LoRAWeight weighs llmd-lora's lora-affinity scorer (default 1).
+	LoRAWeight float64
 }
 
 func (c LLMDConfig) withDefaults() LLMDConfig {
@@ -48,6 +53,7 @@ func (c LLMDConfig) withDefaults() LLMDConfig {
 	c.QueueWeight = def(c.QueueWeight, 2)
 	c.KVCacheWeight = def(c.KVCacheWeight, 2)
 	c.PrefixWeight = def(c.PrefixWeight, 3)
+	c.LoRAWeight = def(c.LoRAWeight, 1)
 	return c
 }
 
@@ -64,7 +70,12 @@ func NewLLMDDefault(backends []*fleet.Backend, seed uint64, peers Config, metric
 }
 
 // Name implements Policy.
-func (*LLMDDefault) Name() string { return "llmd-default" }
+func (p *LLMDDefault) Name() string {
+	if p.loraWeight > 0 {
+		return "llmd-lora"
+	}
+	return "llmd-default"
+}
 
 // llmdSignals are one candidate's inputs to the scorers.
 type llmdSignals struct {
@@ -127,7 +138,8 @@ func (p *LLMDDefault) Pick(req *router.Request, cands []*fleet.Backend) (router.
 		if len(s.hashes) > 0 {
 			prefixScore = float64(p.index.matched(s, b)) / float64(len(s.hashes))
 		}
-		total := p.cfg.QueueWeight*queue + p.cfg.KVCacheWeight*sig[i].kvFree + p.cfg.PrefixWeight*prefixScore
+		total := p.cfg.QueueWeight*queue + p.cfg.KVCacheWeight*sig[i].kvFree + p.cfg.PrefixWeight*prefixScore +
+			p.loraWeight*p.loraAffinity(b, req.Model)
 		scores[i] = router.Score{Backend: b.Name, Cost: -total, Cached: p.index.cachedTokens(s, b, prompt)}
 		switch {
 		case best < 0 || scores[i].Cost < scores[best].Cost:

@@ -87,6 +87,10 @@ var registry = []Spec{
 		func(bs []*fleet.Backend, o Options) router.Policy {
 			return llmrouters.NewLLMDDefault(bs, o.Seed, o.Peers, o.Metrics)
 		}},
+	{"llmd-lora", "llm-d's default scorers and its lora-affinity scorer: the adapter running there, else room for one more",
+		func(bs []*fleet.Backend, o Options) router.Policy {
+			return llmrouters.NewLLMDLoRA(bs, o.Seed, o.Peers, o.Metrics)
+		}},
 	{"preble-e2", "Preble's E2: exploit a cached prefix longer than the rest, else explore by load",
 		func(bs []*fleet.Backend, o Options) router.Policy { return llmrouters.NewPrebleE2(bs, o.Seed, o.Peers) }},
 }

@@ -36,7 +36,7 @@ func TestWithObjective(t *testing.T) {
 
 func TestNewBuildsEveryPolicy(t *testing.T) {
 	peers := map[string]bool{"random": true, "p2c": true, "session-bounded": true,
-		"sglang-cache-aware": true, "dynamo-kv": true, "llmd-default": true, "preble-e2": true}
+		"sglang-cache-aware": true, "dynamo-kv": true, "llmd-default": true, "llmd-lora": true, "preble-e2": true}
 	for _, name := range Names() {
 		t.Run(name, func(t *testing.T) {
 			// Flag validation builds policies without a fleet.
@@ -87,7 +87,7 @@ func TestNewBuildsEveryPolicy(t *testing.T) {
 // detector.
 func TestPeersConcurrentPicks(t *testing.T) {
 	scraped := &fleet.Metrics{Waiting: 1, KVUsage: 0.3}
-	for _, name := range []string{"random", "p2c", "session-bounded", "sglang-cache-aware", "dynamo-kv", "llmd-default", "preble-e2"} {
+	for _, name := range []string{"random", "p2c", "session-bounded", "sglang-cache-aware", "dynamo-kv", "llmd-default", "llmd-lora", "preble-e2"} {
 		t.Run(name, func(t *testing.T) {
 			bs := routertest.Backends(4)
 			p, err := New(name, bs, Options{Seed: 1, Metrics: func(b *fleet.Backend) *fleet.Metrics {
@@ -122,7 +122,7 @@ func TestPeersConcurrentPicks(t *testing.T) {
 
 // Deterministic given a seed: the same requests give the same decisions.
 func TestPeersAreDeterministic(t *testing.T) {
-	for _, name := range []string{"random", "p2c", "session-bounded", "sglang-cache-aware", "dynamo-kv", "llmd-default", "preble-e2"} {
+	for _, name := range []string{"random", "p2c", "session-bounded", "sglang-cache-aware", "dynamo-kv", "llmd-default", "llmd-lora", "preble-e2"} {
 		run := func() uint64 {
 			bs := routertest.Backends(5)
 			p, _ := New(name, bs, Options{Seed: 7})
