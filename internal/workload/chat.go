@@ -58,6 +58,9 @@ type Session struct {
 	System string
 	// Turns are the user's messages in order.
 	Turns []Turn
+	// Model is the model the session's requests name; empty: the fleet's
+	// one model (AssignModels sets it for a fleet of several).
+	Model string
 }
 
 // ChatConfig shapes a multi-turn chat workload. Lengths are in bytes of
