@@ -36,8 +36,10 @@ type FleetConfig struct {
 	BackendURLs []string
 	// Backends is the number of emulated servers.
 	Backends int
-	// Profile is their engine profile.
+	// Profile is their engine profile; Servers, when set, each one's own
+	// (a fleet of GPU generations, mixed.go).
 	Profile engine.Profile
+	Servers []engine.Profile
 	// TimeScale is wall time per model second (0.1 = ten times faster).
 	TimeScale float64
 	// Policy is the router's --policy, or a real balancer (balancer.Kinds())
@@ -77,6 +79,7 @@ type Fleet struct {
 	router   *server.Server // nil when a real balancer fronts the fleet
 	wg       sync.WaitGroup // the emulators' drivers and servers
 	emuCfg   emulator.Config
+	profiles []engine.Profile // each emulator's, when they differ
 	servers  []*http.Server
 	balancer *balancer.Balancer // when a real balancer fronts the fleet
 
@@ -195,12 +198,13 @@ func (f *Fleet) emulate(ctx context.Context, cfg FleetConfig, logger *slog.Logge
 		urls     []string
 	)
 	f.emuCfg = emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger}
+	f.profiles = cfg.Servers
 	for i := range cfg.Backends {
 		var events kvevents.Source
 		if cfg.KVEvents {
 			events = kvevents.Source{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0"}
 		}
-		s, err := emulator.New(f.withEvents(events))
+		s, err := emulator.New(f.emulatorConfig(i, events))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -345,7 +349,7 @@ func (f *Fleet) Restart(i int) error {
 	if b.srv != nil {
 		return nil
 	}
-	s, err := emulator.New(f.withEvents(b.events))
+	s, err := emulator.New(f.emulatorConfig(i, b.events))
 	if err != nil {
 		return err
 	}
