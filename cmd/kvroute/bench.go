@@ -16,6 +16,7 @@ import (
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/router/policies"
+	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -51,7 +52,7 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 	fs.DurationVar(&opts.SpreadArrivals, "spread-arrivals", 0, "traces: spread the requests whose timestamps round to the same multiple of this over the interval after it, at random from --seed, in their order (3s for Mooncake's conversation trace, logged in 3-second ticks); in trace time, before --compress (0: the timestamps as they are)")
 	fs.Float64Var(&bf.cfg.TimeScale, "time-scale", 0.2, "wall seconds per model second (0.2: five times faster than real time)")
 	fs.Uint64Var(&opts.Seed, "seed", 1, "seed of the workload, the replies and the policies")
-	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile of the backends: "+strings.Join(engine.ProfileNames(), ", "))
+	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile of the backends, or a mixed fleet of one model NAME:COUNT,... (e.g. h100-llama3-8b:2,a100-llama3-8b:2), whose counts give --backends: "+strings.Join(engine.ProfileNames(), ", "))
 	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV blocks per backend (default: the profile's)")
 	lf := addLoRAFlags(fs, "emulated backends, for workloads that name adapters (lora)")
 	fs.IntVar(&bf.cfg.DataParallel, "data-parallel-size", 1, "data-parallel ranks of every emulated server (--backends counts servers), each a backend of the router's as serve --dp-ranks makes it")
@@ -109,6 +110,13 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 		}
 		bf.cfg.Backends, bf.cfg.TimeScale = len(bf.cfg.BackendURLs), 1
 	}
+	if len(bf.cfg.BackendURLs) == 0 {
+		p, servers, n, err := fleetProfiles(fs, profileName, bf.cfg.Backends, kvBlocks, 0) // mixflags.go
+		if err != nil {
+			return bf, err
+		}
+		bf.cfg.Profile, bf.cfg.Servers, bf.cfg.Backends = p, servers, n
+	}
 	if faults != "" {
 		switch {
 		case len(bf.cfg.BackendURLs) > 0:
@@ -125,11 +133,7 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 		}
 		bf.cfg.Faults = sched
 	}
-	p, err := lookupProfile(profileName, kvBlocks)
-	if err != nil {
-		return bf, err
-	}
-	bf.cfg.Profile = p
+	var err error
 	if bf.cfg.Policies, err = parsePolicies(policyList, allPolicies(), bench.IsBalancer); err != nil {
 		return bf, err
 	}
@@ -192,6 +196,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "kvroute bench: %v\n", werr)
 			return 1
 		}
+		sim.WriteKinds(stdout, sim.Config{Servers: cfg.Servers}, rep)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kvroute bench: %v\n", err)

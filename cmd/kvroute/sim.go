@@ -62,7 +62,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.DurationVar(&opts.SpreadArrivals, "spread-arrivals", 0, "traces: spread the requests whose timestamps round to the same multiple of this over the interval after it, at random from --seed, in their order (3s for Mooncake's conversation trace, logged in 3-second ticks); in trace time, before --compress (0: the timestamps as they are)")
 	fs.IntVar(&sf.cfg.Tile, "tile", 1, "traces: replay this many copies at once, each with its own sessions and prompts (a bigger fleet's traffic)")
 	fs.Uint64Var(&opts.Seed, "seed", 1, "seed of the workload, the replies, the policies and the router split")
-	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile of the servers: "+strings.Join(engine.ProfileNames(), ", "))
+	fs.StringVar(&profileName, "profile", engine.DefaultProfile, "engine profile of the servers, or a mixed fleet NAME[=MODEL]:COUNT,... (e.g. h100-llama3-8b:4,a100-llama3-8b:4), whose counts give --backends: "+strings.Join(engine.ProfileNames(), ", "))
 	fs.IntVar(&kvBlocks, "kv-blocks", 0, "KV blocks per server (default: the profile's)")
 	fs.IntVar(&blockSize, "block-size", 0, "KV block of the servers in tokens, their KV capacity in tokens kept (default: the profile's; 512, the block of Mooncake's traces, simulates a large fleet many times faster)")
 	fs.DurationVar(&sf.cfg.Scrape, "scrape-interval", time.Second, "how often each router replica reads the servers' metrics")
@@ -125,17 +125,23 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 		// blocks of 16 or 64 tokens: one block size must divide the other.
 		return sf, fmt.Errorf("--block-size must be a power of two, got %d", blockSize)
 	}
-	p, err := lookupProfile(profileName, kvBlocks)
+	p, servers, n, err := fleetProfiles(fs, profileName, sf.cfg.Backends, kvBlocks, blockSize) // mixflags.go
 	if err != nil {
 		return sf, err
 	}
-	sf.cfg.Profile = p.WithBlockSize(blockSize)
+	sf.cfg.Profile, sf.cfg.Servers, sf.cfg.Backends = p, servers, n
+	if findBackend && servers != nil {
+		return sf, errors.New("--find-backends sizes a fleet of one profile, not a mixed --profile")
+	}
 	if sf.cfg.Policies, err = parsePolicies(policyList, policies.Names(), nil); err != nil {
 		return sf, err
 	}
 	sf.cfg.Seed = opts.Seed
 	var out string
 	if sf.cfg.Workload, out, err = loadWorkload(spec, opts, "sim"); err != nil {
+		return sf, err
+	}
+	if err := assignModels(&sf.cfg.Workload, servers, opts.Seed); err != nil {
 		return sf, err
 	}
 	if sf.out == "" {
@@ -214,6 +220,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "kvroute sim: %v\n", werr)
 			return 1
 		}
+		sim.WriteKinds(stdout, cfg, rep)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kvroute sim: %v\n", err)

@@ -246,7 +246,7 @@ func TestEmulatorReply(t *testing.T) {
 	msgs := []message{{Role: "system", Content: "You are terse."}, {Role: "user", Content: "tell me a story"},
 		{Role: "assistant", Content: "Once."}, {Role: "tool", Content: "42"}}
 	c := &Client{BaseURL: f.URL, Model: f.Model, TimeScale: 0.01}
-	res, reply := c.chat(t.Context(), time.Now(), "s", msgs, 40)
+	res, reply := c.chat(t.Context(), time.Now(), f.Model, "s", msgs, 40)
 	if res.Err != nil {
 		t.Fatal(res.Err)
 	}

@@ -38,8 +38,10 @@ type FleetConfig struct {
 	BackendURLs []string
 	// Backends is the number of emulated servers.
 	Backends int
-	// Profile is their engine profile.
+	// Profile is their engine profile; Servers, when set, each one's own
+	// (a fleet of GPU generations, mixed.go).
 	Profile engine.Profile
+	Servers []engine.Profile
 	// TimeScale is wall time per model second (0.1 = ten times faster).
 	TimeScale float64
 	// Policy is the router's --policy, or a real balancer (balancer.Kinds())
@@ -86,6 +88,7 @@ type Fleet struct {
 	router   *server.Server // nil when a real balancer fronts the fleet
 	wg       sync.WaitGroup // the emulators' drivers and servers
 	emuCfg   emulator.Config
+	profiles []engine.Profile // each emulator's, when they differ
 	servers  []*http.Server
 	balancer *balancer.Balancer // when a real balancer fronts the fleet
 
@@ -205,6 +208,7 @@ func (f *Fleet) emulate(ctx context.Context, cfg FleetConfig, logger *slog.Logge
 	)
 	f.emuCfg = emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger,
 		LoRA: cfg.LoRA, LoRAModules: cfg.LoRAModules}
+	f.profiles = cfg.Servers
 	if cfg.DataParallel > 1 {
 		return f.emulateRanks(ctx, cfg) // dprank.go
 	}
@@ -213,7 +217,7 @@ func (f *Fleet) emulate(ctx context.Context, cfg FleetConfig, logger *slog.Logge
 		if cfg.KVEvents {
 			events = kvevents.Source{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0"}
 		}
-		s, err := emulator.New(f.withEvents(events))
+		s, err := emulator.New(f.emulatorConfig(i, events))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -358,7 +362,7 @@ func (f *Fleet) Restart(i int) error {
 	if b.srv != nil {
 		return nil
 	}
-	s, err := emulator.New(f.withEvents(b.events))
+	s, err := emulator.New(f.emulatorConfig(i, b.events))
 	if err != nil {
 		return err
 	}

@@ -33,6 +33,9 @@ type Config struct {
 	// Backends is the number of emulated servers; Profile their model.
 	Backends int
 	Profile  engine.Profile
+	// Servers, when set, is each emulated server's own profile, one per
+	// backend: a fleet of GPU generations serving one model.
+	Servers []engine.Profile
 	// BackendURLs, when set, are running servers (llama-server, vLLM, ...)
 	// to play the workload against instead of emulators: Backends, Profile
 	// and TimeScale are ignored, times are real. Their caches cannot be
@@ -105,6 +108,10 @@ func RunBench(ctx context.Context, cfg Config) (*results.Report, error) {
 	if real {
 		cfg.Backends, cfg.TimeScale = len(cfg.BackendURLs), 1
 		cfg.Profile = engine.Profile{Name: "real servers"}
+		cfg.Servers = nil
+	}
+	if err := checkServers(cfg.Servers, cfg.Backends); err != nil {
+		return nil, err
 	}
 	rep := &results.Report{
 		Workload:           cfg.Workload.Name,
@@ -154,7 +161,7 @@ func RunBench(ctx context.Context, cfg Config) (*results.Report, error) {
 func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload.Session, recordBlocks bool) (*results.Run, error) {
 	f, err := StartFleet(ctx, FleetConfig{
 		BackendURLs: cfg.BackendURLs,
-		Backends:    cfg.Backends, Profile: cfg.Profile, TimeScale: cfg.TimeScale,
+		Backends:    cfg.Backends, Profile: cfg.Profile, Servers: cfg.Servers, TimeScale: cfg.TimeScale,
 		Policy: policy, Seed: cfg.Seed, Logger: cfg.Logger,
 		KVRoute:  kvroute.Config{Objective: cfg.Objective, SLO: kvroute.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}},
 		KVEvents: cfg.KVEvents, TokenizeTimeout: cfg.TokenizeTimeout,

@@ -19,6 +19,10 @@ type Config struct {
 	// Backends is the number of servers; Profile their engine profile.
 	Backends int
 	Profile  engine.Profile
+	// Servers, when set, is each server's own profile (one per backend: a
+	// fleet of GPU generations or of several models, mixed.go); Profile is
+	// then the first's, named for the fleet.
+	Servers []engine.Profile
 	// Routers is the number of router replicas (default 1). Each request
 	// goes to one of them uniformly at random, as behind an L4 balancer;
 	// each has its own policy instance, prefix index and in-flight counts.
@@ -158,5 +162,5 @@ func (c Config) withDefaults() (Config, error) {
 	case c.Tile > 1 && !tokenMode(c):
 		return c, errors.New("sim: tiling needs a workload of single-turn, block-described requests (a trace or mixed) without --text")
 	}
-	return c, nil
+	return c, c.checkMixed()
 }

@@ -137,7 +137,7 @@ func (s *simulation) send(i int) {
 		s.tokBuf = append(s.tokBuf, ids...)
 		f.hashes = engine.HashTokens(f.hashes[:0], s.tokBuf, bs)
 		f.req.PromptLen, f.req.MaxTokens = promptLen, turn.MaxTokens
-		f.rreq = router.Request{Model: s.cfg.Profile.Model,
+		f.rreq = router.Request{Model: s.model(ws.Model),
 			SessionKey: ws.ID, Prompt: string(ss.conv.text), MaxTokens: turn.MaxTokens}
 	} else {
 		f.hashes = tokenHashes(f.hashes[:0], &s.salted, turn, ss.tile, bs)
@@ -146,7 +146,7 @@ func (s *simulation) send(i int) {
 		if s.cfg.Tile > 1 {
 			key = ws.ID + "/" + strconv.Itoa(int(ss.tile))
 		}
-		f.rreq = router.Request{Model: s.cfg.Profile.Model,
+		f.rreq = router.Request{Model: s.model(ws.Model),
 			SessionKey: key, MaxTokens: turn.MaxTokens, PromptTokens: turn.Tokens,
 			TokenBlocks: f.hashes[:min(len(f.hashes), turn.Tokens/bs)], TokenBlockSize: bs}
 	}
@@ -164,7 +164,7 @@ func (s *simulation) send(i int) {
 	if s.kv != nil {
 		s.kv.routing(f.hashes, f.req.PromptLen)
 	}
-	t, err := rep.router.Route(&f.rreq, rep.backends)
+	t, err := rep.router.Route(&f.rreq, rep.candidates(f.rreq.Model))
 	if err != nil {
 		s.fail(f, 0, err)
 		return
@@ -174,7 +174,7 @@ func (s *simulation) send(i int) {
 		s.push.changed(int(f.replica), t.Backend.Index)
 	}
 	sv := &s.servers[t.Backend.Index]
-	if f.req.PromptLen+f.req.MaxTokens > s.cfg.Profile.MaxModelLen {
+	if f.req.PromptLen+f.req.MaxTokens > s.cfg.serverProfile(t.Backend.Index).MaxModelLen {
 		s.fail(f, http.StatusBadRequest, errTooLong)
 		return
 	}

@@ -40,6 +40,7 @@ type replica struct {
 	scraped     []time.Duration // virtual time of each server's last scrape
 	busy        []time.Duration // each server's busy time at its last scrape
 	scrapedOnce bool
+	serving     map[string][]*fleet.Backend // by model, for a fleet of several (mixed.go)
 }
 
 // session is the state of one session being played.
@@ -111,10 +112,10 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		split:    rand.New(rand.NewPCG(cfg.Seed, 0x73706c6974)),
 		origin:   time.Unix(0, 0),
 	}
-	info := &fleet.Info{Models: []string{cfg.Profile.Model}, BlockSize: cfg.Profile.BlockSize, KVBlocks: cfg.Profile.Blocks()}
+	infos := serverInfos(&cfg)
 	s.servers = make([]server, cfg.Backends)
 	for i := range s.servers {
-		e, err := engine.New(cfg.Profile)
+		e, err := engine.New(cfg.serverProfile(i))
 		if err != nil {
 			return nil, err
 		}
@@ -134,9 +135,10 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 		}
 		for i := range cfg.Backends {
 			b := fleet.NewBackend(i, cfg.serverName(i), nil)
-			b.SetInfo(info)
+			b.SetInfo(infos[i])
 			rep.backends = append(rep.backends, b)
 		}
+		rep.serving = servingModels(&cfg, rep.backends)
 		opts := s.replicaOptions(r, rep)
 		r, err := policies.New(policy, rep.backends, opts)
 		if err != nil {

@@ -56,11 +56,12 @@ type Session struct {
 	Start time.Duration
 	// System is the system prompt, shared with other sessions of its group.
 	System string
-	// Model, when set, is the model every turn names instead of the
-	// served one: a LoRA adapter of it (the lora workload).
-	Model string
 	// Turns are the user's messages in order.
 	Turns []Turn
+	// Model is the model the session's requests name; empty: the fleet's
+	// one model (AssignModels sets it for a fleet of several; the lora
+	// workload names a LoRA adapter of the served model).
+	Model string
 }
 
 // ChatConfig shapes a multi-turn chat workload. Lengths are in bytes of

@@ -481,6 +481,7 @@ func (k *picked) learnDecode(l *learner, o router.Outcome, stall float64) {
 	steps := float64(tokens - 1)
 	stallPerToken := min(stall, decode) / steps
 	l.decodeSlow.observe(k.backend.Index, decode/steps, l.decode.predict(kv, requests, stallPerToken))
+	l.noteDecodeSpread()
 	l.decode.observe(kv, requests, stallPerToken, decode/steps)
 }
 

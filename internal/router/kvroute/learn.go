@@ -18,6 +18,9 @@ type learned struct {
 	hold     float64   // mean seconds a token of KV is held
 	life     float64   // mean seconds a request is in flight
 	odds     float64   // that a token only recent remembers is still cached
+	// decodeMix: the backends decode at speeds far apart (mixed.go); nil
+	// on a fleet of one kind.
+	decodeMix *decodeMix
 }
 
 // learner owns the decayed sums behind each learned value. Outcomes update
@@ -30,6 +33,10 @@ type learner struct {
 	// slow is each backend's TTFTs over what the pooled fit predicted for
 	// them, decodeSlow its times between tokens over the decode fit's.
 	slow, decodeSlow ratios
+	// decodeMix is what the spread of decodeSlow said decodeSeen streams
+	// in (noteDecodeSpread).
+	decodeMix  *decodeMix
+	decodeSeen int
 	// live marks the indexes of the backends in the fleet (SetBackends).
 	live     []bool
 	capacity []int // index capacity in blocks last derived from Info, by backend index
@@ -120,6 +127,8 @@ func (l *learner) publish() {
 		hold:     l.holdSum / l.holdWeight,
 		life:     l.lifeSum / l.lifeN,
 		odds:     l.recentHit / l.recentSeen,
+
+		decodeMix: l.decodeMix,
 	})
 }
 

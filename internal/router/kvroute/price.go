@@ -58,7 +58,7 @@ func (p *Policy) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned,
 			c.cached = 0 // the engine's cache does not hold what the index says
 		}
 		c.slow = slowness(math.Float64frombits(slow[b.Index].Load()), ln.meanSlow)
-		c.decodeSlow = decodeSlowness(math.Float64frombits(decodeSlow[b.Index].Load()))
+		c.decodeSlow = ln.decodeMix.price(b.Index, math.Float64frombits(decodeSlow[b.Index].Load()))
 		c.miss = float64(max(0, promptTokens-c.cached))
 		if own := s.loads[i].PrefillTokens - s.peer[i].tokens; own > 0 {
 			c.queued = s.drains[i].left(nowS, c.slow*ln.speed.prefill(float64(own), 0))
