@@ -148,7 +148,7 @@ func (c *Client) Run(ctx context.Context, sessions []workload.Session, done func
 				text = c.Tag + text
 			}
 			msgs = append(msgs, message{Role: turn.MessageRole(), Content: text})
-			res, reply := c.chat(ctx, start, cmp.Or(s.Model, c.Model), s.ID, msgs, turn.MaxTokens)
+			res, reply := c.chat(ctx, start, cmp.Or(s.Adapter, s.Model, c.Model), s.ID, msgs, turn.MaxTokens)
 			res.Session, res.Turn, res.Heavy = i, t, turn.Heavy
 			if c.BlockTokens > 0 && res.Err == nil {
 				res.PromptBlocks, res.SequenceBlocks = blocks(msgs, reply, c.BlockTokens)

@@ -151,7 +151,7 @@ func (s *simulation) send(i int) {
 			TokenBlocks: f.hashes[:min(len(f.hashes), turn.Tokens/bs)], TokenBlockSize: bs}
 	}
 	f.req.BlockHashes = f.hashes
-	s.adapters.apply(f, ws.Model)
+	s.adapters.apply(f, ws.Adapter)
 
 	f.replica = 0
 	if len(s.replicas) > 1 {

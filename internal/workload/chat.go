@@ -59,9 +59,11 @@ type Session struct {
 	// Turns are the user's messages in order.
 	Turns []Turn
 	// Model is the model the session's requests name; empty: the fleet's
-	// one model (AssignModels sets it for a fleet of several; the lora
-	// workload names a LoRA adapter of the served model).
+	// one model (AssignModels sets it for a fleet of several).
 	Model string
+	// Adapter, when set, is the LoRA adapter of the model the session's
+	// requests name instead (the lora workload).
+	Adapter string
 }
 
 // ChatConfig shapes a multi-turn chat workload. Lengths are in bytes of

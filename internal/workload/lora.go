@@ -37,7 +37,7 @@ func lora(spec string, opts Options, rng *rand.Rand) (Workload, error) {
 	var w Workload
 	for i, start := range arrivals(rng, rate, span) {
 		a := zipf(rng, n, 1.0)
-		s := Session{ID: fmt.Sprintf("lora-%06d", i), Start: start, Model: AdapterName(a), System: systems[a]}
+		s := Session{ID: fmt.Sprintf("lora-%06d", i), Start: start, Adapter: AdapterName(a), System: systems[a]}
 		for t := range between(rng, 1, 3) {
 			turn := Turn{User: Text(rng, between(rng, 200, 800)), MaxTokens: between(rng, 32, 256)}
 			if t > 0 {
@@ -52,13 +52,13 @@ func lora(spec string, opts Options, rng *rand.Rand) (Workload, error) {
 	return w, nil
 }
 
-// Adapters lists the distinct models w's sessions name, in order of first
-// appearance; empty when every session is for the base model.
+// Adapters lists the distinct LoRA adapters w's sessions name, in order of
+// first appearance; empty when every session is for a base model.
 func (w *Workload) Adapters() []string {
 	var out []string
 	seen := map[string]bool{}
 	for i := range w.Sessions {
-		if m := w.Sessions[i].Model; m != "" && !seen[m] {
+		if m := w.Sessions[i].Adapter; m != "" && !seen[m] {
 			seen[m] = true
 			out = append(out, m)
 		}

@@ -11,15 +11,15 @@ func TestLoRAWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	again, _ := Load("lora", Options{Duration: time.Minute, Seed: 1})
-	if len(w.Sessions) != len(again.Sessions) || w.Sessions[7].Model != again.Sessions[7].Model || w.Sessions[7].Turns[0].User != again.Sessions[7].Turns[0].User {
+	if len(w.Sessions) != len(again.Sessions) || w.Sessions[7].Adapter != again.Sessions[7].Adapter || w.Sessions[7].Turns[0].User != again.Sessions[7].Turns[0].User {
 		t.Error("the same seed gave another workload")
 	}
 	counts := map[string]int{}
 	for _, s := range w.Sessions {
-		if s.Model == "" || len(s.Turns) < 1 || len(s.Turns) > 3 {
-			t.Fatalf("session %s: model %q, %d turns", s.ID, s.Model, len(s.Turns))
+		if s.Adapter == "" || len(s.Turns) < 1 || len(s.Turns) > 3 {
+			t.Fatalf("session %s: model %q, %d turns", s.ID, s.Adapter, len(s.Turns))
 		}
-		counts[s.Model]++
+		counts[s.Adapter]++
 	}
 	if n := len(w.Adapters()); n < 30 || n > DefaultAdapters {
 		t.Errorf("%d adapters in play, want most of %d", n, DefaultAdapters)
