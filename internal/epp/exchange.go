@@ -269,7 +269,7 @@ func (x *exchange) decideByLoad(hasBody, eos bool) (bool, error) {
 	// A stored response (GET /v1/responses/{id}, its cancel, its input
 	// items) is known only to the endpoint that produced it.
 	if id := request.StoredResponseID(x.path); id != "" {
-		if b := x.p.router.ResponseBackend(id); b != nil && slices.Contains(cands, b) {
+		if b := x.p.router.ResponseBackend(id, cands); b != nil {
 			x.p.metrics.requests.WithLabelValues("by_response").Inc()
 			return false, x.reply([]string{Address(b)}, x.body, hasBody, eos)
 		}
