@@ -135,7 +135,7 @@ const (
 // character other than ASCII letters, digits, '-', '_' and '.' (it would
 // need escaping in JSON or in a URL path). Safe for concurrent use.
 func (r *Router) MintResponseID(id string, b *fleet.Backend) string {
-	if r.pins == nil || b == nil || !plainID(id) {
+	if r.pins == nil || b == nil || b.URL == nil || !plainID(id) {
 		return id
 	}
 	if _, _, minted := parseResponseID(id); minted {
@@ -218,9 +218,15 @@ func idCheck(id string, tag uint64) uint32 {
 }
 
 // backendTag is b's tag in the ids minted for it: 48 bits of a hash of its
-// URL.
+// URL's scheme, host and path.
 func backendTag(b *fleet.Backend) uint64 {
-	return xxhash.Sum64String(b.URL.String()) >> (64 - 4*tagDigits)
+	var d xxhash.Digest
+	d.Reset()
+	_, _ = d.WriteString(b.URL.Scheme)
+	_, _ = d.WriteString("://")
+	_, _ = d.WriteString(b.URL.Host)
+	_, _ = d.WriteString(b.URL.Path)
+	return d.Sum64() >> (64 - 4*tagDigits)
 }
 
 // tagged returns the candidate whose tag is tag, or nil.
