@@ -131,7 +131,7 @@ const (
 // for the id b produced: id with b's tag and a check appended, which any
 // router of the fleet maps back to b and to id (Route, ResponseBackend,
 // OriginalResponseID). It returns id itself when the router keeps no pins
-// (--response-pins -1), when id is already minted, or when it holds a
+// (--response-pins 0), when id is already minted, or when it holds a
 // character other than ASCII letters, digits, '-', '_' and '.' (it would
 // need escaping in JSON or in a URL path). Safe for concurrent use.
 func (r *Router) MintResponseID(id string, b *fleet.Backend) string {
