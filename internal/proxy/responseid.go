@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/jsonscan"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/sse"
 )
@@ -36,14 +37,8 @@ type responseIDs struct {
 // when there is nothing to map.
 func (p *Proxy) responsesCall(body []byte, prev string) (*responseIDs, []byte) {
 	ids := &responseIDs{mint: p.router.MintsResponseIDs()}
-	if orig, minted := router.OriginalResponseID(prev); minted {
-		if m, ok := jsonscan.Lookup(body, "previous_response_id"); ok {
-			out := make([]byte, 0, len(body))
-			out = append(out, body[:m.Val]...)
-			out = strconv.AppendQuote(out, orig) // a minted id is plain ASCII: JSON and Go quote it alike
-			body = append(out, body[m.End:]...)
-			ids.client, ids.orig = prev, orig
-		}
+	if out, orig := request.WithOriginalResponseID(body, prev); orig != "" {
+		body, ids.client, ids.orig = out, prev, orig
 	}
 	if !ids.mint && ids.client == "" {
 		return nil, body
