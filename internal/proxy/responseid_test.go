@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -135,5 +136,60 @@ func TestResponseIDsAcrossReplicas(t *testing.T) {
 	}
 	if prev := <-sb0.got; prev != "resp_b1_0" {
 		t.Errorf("b0 got previous_response_id %q, want resp_b1_0 unchanged", prev)
+	}
+}
+
+// BenchmarkResponsesIDs is a streamed Responses API continuation of 64
+// deltas through the proxy, its ids kept as they are (no response pins)
+// and mapped (the id minted in every event that carries it, the
+// previous_response_id mapped back): the difference is what the mapping
+// costs a request.
+func BenchmarkResponsesIDs(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(responseEvents("resp_0123456789abcdef0123456789abcdef", `"resp_prev"`)[0])
+	for range 64 {
+		sb.WriteString("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\" word\"}\n\n")
+	}
+	sb.WriteString(responseEvents("resp_0123456789abcdef0123456789abcdef", `"resp_prev"`)[3])
+	stream := sb.String()
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for ev := range strings.SplitAfterSeq(stream, "\n\n") {
+			_, _ = io.WriteString(w, ev)
+			_ = rc.Flush()
+		}
+	}))
+	defer be.Close()
+	b0 := testBackend(b, 0, "b0", be.URL, "m")
+	prev := router.NewPinningRouter(nil, nil, 0).MintResponseID("resp_prev", b0)
+	body := `{"model":"m","input":"Hello there","stream":true,"previous_response_id":"` + prev + `"}`
+	for _, tc := range []struct {
+		name string
+		r    *router.Router
+	}{{"kept", router.NewRouter(firstOnly{}, nil)}, {"mapped", router.NewPinningRouter(firstOnly{}, nil, 0)}} {
+		p, err := New(Config{Fleet: newFakeFleet(b0), Router: tc.r, Logger: discard})
+		if err != nil {
+			b.Fatal(err)
+		}
+		px := httptest.NewServer(p)
+		defer px.Close()
+		b.Run(tc.name, func(b *testing.B) {
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+			defer client.CloseIdleConnections()
+			b.ReportAllocs()
+			for b.Loop() {
+				res, err := client.Post(px.URL+"/v1/responses", "application/json", strings.NewReader(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				n, _ := io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				if res.StatusCode != 200 || n == 0 {
+					b.Fatalf("status %d, %d bytes", res.StatusCode, n)
+				}
+			}
+		})
 	}
 }
