@@ -61,7 +61,7 @@ func TestResponsesAcrossReplicas(t *testing.T) {
 			s := reps[(conv+turn)%2]
 			wg.Go(func() {
 				stream := (conv/2+turn)%2 == 1
-				status, backend, id, body := respond(t, s.URL, fmt.Sprintf("conversation %d turn %d: %s", conv, turn, strings.Repeat("and so on. ", 10)), prev[conv], stream)
+				status, backend, id, body := responsesTurn(t, s.URL, fmt.Sprintf("conversation %d turn %d: %s", conv, turn, strings.Repeat("and so on. ", 10)), prev[conv], stream)
 				mu.Lock()
 				defer mu.Unlock()
 				if turn > 0 {
@@ -136,12 +136,12 @@ func TestResponsesAcrossReplicas(t *testing.T) {
 	}
 }
 
-// respond sends one Responses API request (continuing prev, if set) to the
+// responsesTurn sends one Responses API request (continuing prev, if set) to the
 // router at url, and returns the status (0: no answer), the backend that
 // answered, the response's id as the client sees it, and the body (or the
 // error). The previous_response_id the response echoes, if any, must be
 // the client's. Safe to call from several goroutines.
-func respond(t *testing.T, url, input, prev string, stream bool) (status int, backend, id, body string) {
+func responsesTurn(t *testing.T, url, input, prev string, stream bool) (status int, backend, id, body string) {
 	t.Helper()
 	req := map[string]any{"model": model, "input": input, "max_output_tokens": 6, "stream": stream}
 	if prev != "" {
