@@ -52,7 +52,7 @@ type exchange struct {
 	ttft   time.Duration
 
 	// ids maps Responses API ids between the endpoint and the client
-	// (responseid.go); nil for other requests. path, when set, is the
+	// (responseid.go); nil for other requests. newPath, when set, is the
 	// request's new :path (a stored response's, with the endpoint's id).
 	ids     *idMap
 	newPath string

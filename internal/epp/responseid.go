@@ -34,18 +34,19 @@ type idMap struct {
 	// own, which the endpoint got instead and may echo.
 	client, orig string
 
-	// The response's rewriting, once started: from and to are quoted ids;
-	// held is what has not been sent yet; waiting is set until the
-	// response's id is known (when minting); off once the rest passes as
-	// it is.
+	// The response's rewriting, once started (for a successful answer):
+	// from and to are quoted ids, maxPrefix the longest proper prefix of
+	// one; held is what has not been sent yet; waiting is set until the
+	// response's id is known (when minting), which mintFor then mints;
+	// off once the rest passes as it is; sse for a stream.
+	started   bool
 	from, to  [][]byte
+	maxPrefix int
 	held      []byte
 	waiting   bool
+	mintFor   func(string) string
 	off       bool
 	sse       bool
-	mintFor   func(string) string
-	started   bool
-	maxPrefix int
 }
 
 // responsesRequest returns what a Responses API POST maps, and the body to
