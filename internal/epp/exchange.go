@@ -50,6 +50,12 @@ type exchange struct {
 	watch  *watcher
 	first  bool
 	ttft   time.Duration
+
+	// ids maps Responses API ids between the endpoint and the client
+	// (responseid.go); nil for other requests. newPath, when set, is the
+	// request's new :path (a stored response's, with the endpoint's id).
+	ids     *idMap
+	newPath string
 }
 
 // handle answers one message from Envoy; done means the stream is over for
@@ -82,7 +88,11 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) (done bool, err erro
 		return false, x.srv.Send(passTrailers(false))
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		x.responseHeaders(v.ResponseHeaders.GetHeaders(), req.GetMetadataContext())
-		if err := x.srv.Send(passHeaders(true)); err != nil {
+		reply := passHeaders(true)
+		if x.ids != nil && x.ids.started {
+			reply = dropLength() // the ids rewritten change the body's length
+		}
+		if err := x.srv.Send(reply); err != nil {
 			return false, err
 		}
 		if v.ResponseHeaders.GetEndOfStream() {
@@ -102,14 +112,28 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) (done bool, err erro
 			}
 		}
 		// Echo before finishing: the client's bytes come first.
-		if err := x.srv.Send(bodyChunk(true, b.GetBody(), b.GetEndOfStream())); err != nil {
-			return false, err
+		out := b.GetBody()
+		if x.ids != nil && x.ids.started {
+			out = x.ids.feed(x.watch, out, b.GetEndOfStream())
+		}
+		if len(out) > 0 || b.GetEndOfStream() {
+			if err := x.srv.Send(bodyChunk(true, out, b.GetEndOfStream())); err != nil {
+				return false, err
+			}
 		}
 		if b.GetEndOfStream() {
 			x.finish(true)
 		}
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		x.finish(true)
+		if x.ids != nil && x.ids.started {
+			// Trailers end the body: what was held back goes first.
+			if out := x.ids.feed(x.watch, nil, true); len(out) > 0 {
+				if err := x.srv.Send(bodyChunk(true, out, false)); err != nil {
+					return false, err
+				}
+			}
+		}
 		return false, x.srv.Send(passTrailers(true))
 	}
 	return false, nil
@@ -251,6 +275,9 @@ func (x *exchange) decide(hasBody, eos bool) (done bool, err error) {
 	if g.Stream && !g.IncludeUsage && x.p.opts.IncludeUsage && x.path != "/v1/responses" && x.path != "/v1/messages" {
 		body, _ = request.WithIncludeUsage(body)
 	}
+	if x.path == "/v1/responses" {
+		x.ids, body = responsesRequest(x.p.router, body, req.PreviousResponseID) // responseid.go
+	}
 	list := x.p.destinations(t.Decision, room)
 	x.p.metrics.requests.WithLabelValues("routed").Inc()
 	return false, x.reply(list, body, true, eos)
@@ -270,7 +297,8 @@ func (x *exchange) decideByLoad(hasBody, eos bool) (bool, error) {
 	// A stored response (GET /v1/responses/{id}, its cancel, its input
 	// items) is known only to the endpoint that produced it.
 	if id := request.StoredResponseID(x.path); id != "" {
-		if b := x.p.router.ResponseBackend(id); b != nil && slices.Contains(cands, b) {
+		x.newPath, x.ids = storedResponsePath(x.header[":path"], id) // responseid.go
+		if b := x.p.router.ResponseBackend(id, cands); b != nil {
 			x.p.metrics.requests.WithLabelValues("by_response").Inc()
 			return false, x.reply([]string{Address(b)}, x.body, hasBody, eos)
 		}
@@ -293,7 +321,7 @@ func (x *exchange) reply(list []string, body []byte, hasBody, eos bool) error {
 		header = list[0]
 	}
 	x.replied = true
-	if err := x.srv.Send(destinationReply(header, list, len(body), hasBody)); err != nil {
+	if err := x.srv.Send(destinationReply(header, list, len(body), hasBody, x.newPath)); err != nil {
 		return err
 	}
 	if !hasBody {
@@ -330,6 +358,9 @@ func (x *exchange) responseHeaders(h *corev3.HeaderMap, md *corev3.Metadata) {
 	x.watch = newWatcher(strings.Contains(hm["content-type"], "text/event-stream"))
 	x.watch.responses, x.watch.messages = x.path == "/v1/responses", isMessages(x.path)
 	served := md.GetFilterMetadata()[MetadataNamespace].GetFields()[KeyServed].GetStringValue()
+	if x.ids != nil && x.status/100 == 2 {
+		x.ids.start(x.p.router, x.servedBy(served), x.watch.sse) // responseid.go
+	}
 	if x.t == nil || served == "" || served == Address(x.t.Backend) {
 		return
 	}
@@ -338,6 +369,20 @@ func (x *exchange) responseHeaders(h *corev3.HeaderMap, md *corev3.Metadata) {
 	x.t.Finish(router.Failed(0))
 	x.t = nil
 	x.done()
+}
+
+// servedBy returns the endpoint Envoy says served the request (served, its
+// address; "": the chosen one), or nil if it is none of the fleet's.
+func (x *exchange) servedBy(served string) *fleet.Backend {
+	if x.t != nil && (served == "" || served == Address(x.t.Backend)) {
+		return x.t.Backend
+	}
+	for _, b := range x.p.fleet.Backends() {
+		if served != "" && Address(b) == served {
+			return b
+		}
+	}
+	return nil
 }
 
 // finish ends the ticket with the response's outcome: ok when the response

@@ -108,6 +108,10 @@ type envoy struct {
 	// the request to and reports as served (default: the first, as when
 	// it answers).
 	serve func(list []string) string
+	// rewrites lets the picker change the response body (the Responses
+	// API's ids); otherwise it must come back exactly as the endpoint
+	// sent it.
+	rewrites bool
 }
 
 // exchangeResult is what one request through the harness saw.
@@ -121,6 +125,12 @@ type exchangeResult struct {
 	dest string
 	list []string
 	body []byte
+	// upstream is the body the endpoint sent, path the path it was asked
+	// for, dropLength set when the picker removed the response's
+	// content-length.
+	upstream   []byte
+	path       string
+	dropLength bool
 }
 
 func hv(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }
@@ -181,6 +191,7 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 		return res, fmt.Errorf("first reply is %T, want the request headers' reply", m.GetResponse())
 	}
 	contentLength := -1
+	res.path = path
 	for _, h := range hr.GetResponse().GetHeaderMutation().GetSetHeaders() {
 		hdr := h.GetHeader()
 		if hdr.GetValue() != "" || len(hdr.GetRawValue()) == 0 {
@@ -191,6 +202,8 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 			res.dest = string(hdr.GetRawValue())
 		case "content-length":
 			contentLength, _ = strconv.Atoi(string(hdr.GetRawValue()))
+		case ":path":
+			res.path = string(hdr.GetRawValue())
 		}
 	}
 	lb := m.GetDynamicMetadata().GetFields()[MetadataNamespace].GetStructValue()
@@ -241,7 +254,7 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 	if e.serve != nil {
 		target = e.serve(res.list)
 	}
-	req, _ := http.NewRequestWithContext(ctx, method, "http://"+target+path, bytes.NewReader(fwd))
+	req, _ := http.NewRequestWithContext(ctx, method, "http://"+target+res.path, bytes.NewReader(fwd))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := e.http.Do(req)
 	if err != nil {
@@ -261,6 +274,8 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 		return res, err
 	} else if m.GetResponseHeaders() == nil {
 		return res, fmt.Errorf("got %T, want the response headers' reply", m.GetResponse())
+	} else {
+		res.dropLength = slices.Contains(m.GetResponseHeaders().GetResponse().GetHeaderMutation().GetRemoveHeaders(), "content-length")
 	}
 
 	// The response body goes through the picker as it arrives, each chunk
@@ -302,8 +317,12 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 			break
 		}
 	}
-	if all := <-sent; !bytes.Equal(all, res.body) {
-		return res, fmt.Errorf("the response body came back changed: %d bytes sent, %d back", len(all), len(res.body))
+	res.upstream = <-sent
+	if !e.rewrites && !bytes.Equal(res.upstream, res.body) {
+		return res, fmt.Errorf("the response body came back changed: %d bytes sent, %d back", len(res.upstream), len(res.body))
+	}
+	if !bytes.Equal(res.upstream, res.body) && !res.dropLength {
+		return res, errors.New("the response body came back changed, its content-length kept")
 	}
 	if err := st.CloseSend(); err != nil {
 		return res, err

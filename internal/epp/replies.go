@@ -24,11 +24,15 @@ func setHeader(key, value string) *corev3.HeaderValueOption {
 }
 
 // destinationReply is the request headers' reply: the destination header
-// (and the body's new length when there is one), the route cache cleared so
+// (and the body's new length when there is one, the new path if not ""),
+// the route cache cleared so
 // that the route sees the header, and the destination list in the envoy.lb
 // dynamic metadata.
-func destinationReply(header string, list []string, bodyLen int, hasBody bool) *extprocv3.ProcessingResponse {
+func destinationReply(header string, list []string, bodyLen int, hasBody bool, path string) *extprocv3.ProcessingResponse {
 	set := []*corev3.HeaderValueOption{setHeader(HeaderDestination, header)}
+	if path != "" {
+		set = append(set, setHeader(":path", path)) // a stored response's, with its endpoint's own id
+	}
 	if hasBody {
 		// The body may have been rewritten (include_usage): its length is
 		// ours to state.
@@ -54,6 +58,15 @@ func passHeaders(response bool) *extprocv3.ProcessingResponse {
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: h}}
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: h}}
+}
+
+// dropLength is the response headers' reply for a body the picker
+// rewrites: its length is no longer the endpoint's (Envoy then sends it
+// chunked).
+func dropLength() *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{
+		Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{RemoveHeaders: []string{"content-length"}}},
+	}}}
 }
 
 // passTrailers is the reply that leaves trailers as they are.

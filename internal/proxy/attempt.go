@@ -158,6 +158,8 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 		var dst http.ResponseWriter = hw
 		if c.splice != nil {
 			dst = c.splice // splice.go: into the stream another backend began
+		} else if c.ids != nil && res.StatusCode/100 == 2 {
+			dst = newIDWriter(hw, sc, p.router, b, c.ids) // responseid.go
 		}
 		readErr, writeErr = a.ec.Copy(dst, body, sc, a)
 		if readErr == nil && c.rec != nil && !sc.Done && !c.rec.Finished {
@@ -167,6 +169,8 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, c *call, t *rout
 		if sc.SawUsage {
 			a.setUsage(sc.Usage)
 		}
+	} else if c.ids != nil && res.StatusCode/100 == 2 {
+		readErr, writeErr = a.copyResponse(hw, res, body) // responseid.go
 	} else {
 		readErr, writeErr = a.copyBody(hw, res, body)
 	}

@@ -52,6 +52,9 @@ type call struct {
 	// attempts write through it; migrations counts them.
 	splice     *splice
 	migrations int
+	// ids, for a Responses API request, maps its response ids between the
+	// backend and the client (responseid.go); nil for others.
+	ids *responseIDs
 }
 
 // forward sends c to a backend picked among cands and copies the response

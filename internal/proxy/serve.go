@@ -52,6 +52,9 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep reque
 		// and a Messages API stream in message_start and message_delta.)
 		c.body, c.hideUsage = request.WithIncludeUsage(body)
 	}
+	if ep == request.Responses {
+		c.ids, c.body = p.responsesCall(c.body, g.Request.PreviousResponseID) // responseid.go
+	}
 	if g.Stream && p.res.MaxMigrations > 0 && continuable(ep, body) {
 		c.rec = new(sse.Record) // migrate.go: its stream may continue elsewhere
 	}
@@ -78,6 +81,7 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep request.E
 		return
 	}
 	var cands []*fleet.Backend
+	var ids *responseIDs
 	model := "" // the model label: a model the candidates serve
 	if ep == request.Embedding {
 		if model, e = request.RequireModel(body); e != nil {
@@ -101,12 +105,15 @@ func (p *Proxy) serveByLoad(w http.ResponseWriter, r *http.Request, ep request.E
 			return
 		}
 		// A stored response (an operator allowed /v1/responses/) is known
-		// only to the backend that produced it.
-		if b := p.router.ResponseBackend(request.StoredResponseID(r.URL.Path)); b != nil && slices.Contains(cands, b) {
-			cands = []*fleet.Backend{b}
+		// only to the backend that produced it, by its own id.
+		if id := request.StoredResponseID(r.URL.Path); id != "" {
+			if b := p.router.ResponseBackend(id, cands); b != nil {
+				cands = []*fleet.Backend{b}
+			}
+			r, ids = storedResponseRequest(r, id) // responseid.go
 		}
 	}
-	p.forward(w, r, &call{ep: ep, body: body, model: model}, cands)
+	p.forward(w, r, &call{ep: ep, body: body, model: model, ids: ids}, cands)
 }
 
 // candidates returns the healthy backends that serve model, appended to dst,

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -95,3 +96,108 @@ func backends(n int) []*fleet.Backend {
 	}
 	return bs
 }
+
+func TestMintedResponseIDs(t *testing.T) {
+	bs := backends(3)
+	r := NewPinningRouter(nil, nil, 0)
+	const id = "resp_0123456789abcdef0123456789abcdef"
+	minted := r.MintResponseID(id, bs[1])
+	if !strings.HasPrefix(minted, id+mintMark) || len(minted) != len(id)+mintSuffix {
+		t.Fatalf("MintResponseID(%q) = %q", id, minted)
+	}
+	// Stable: another router, and the same backend rebuilt from its URL
+	// (a restart, a rediscovery), mint the same id.
+	again := fleet.NewBackend(7, "renamed", bs[1].URL)
+	if got := NewPinningRouter(nil, nil, 0).MintResponseID(id, again); got != minted {
+		t.Errorf("another router minted %q, want %q", got, minted)
+	}
+	tests := []struct {
+		name       string
+		id         string
+		wantOrig   string
+		wantMinted bool
+	}{
+		{"minted", minted, id, true},
+		{"backend's own", id, id, false},
+		{"empty", "", "", false},
+		{"only the suffix", minted[len(id):], minted[len(id):], false},
+		{"check altered", minted[:len(minted)-1] + string(minted[len(minted)-1]^1), "", false},
+		{"tag altered", minted[:len(id)+len(mintMark)] + "0" + minted[len(id)+len(mintMark)+1:], "", false},
+		{"upper-case hex", strings.ToUpper(minted), "", false},
+		{"another id's suffix", "resp_other" + minted[len(id):], "", false},
+		{"minted twice", r.MintResponseID(minted, bs[2]), id, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			orig, ok := OriginalResponseID(tt.id)
+			if tt.wantOrig == "" && !tt.wantMinted {
+				tt.wantOrig = tt.id // not minted: unchanged
+			}
+			if orig != tt.wantOrig || ok != tt.wantMinted {
+				t.Errorf("OriginalResponseID(%q) = %q, %v; want %q, %v", tt.id, orig, ok, tt.wantOrig, tt.wantMinted)
+			}
+		})
+	}
+	// Ids that would need escaping, and a router without pins, mint nothing.
+	for _, odd := range []string{"", "resp/1", `resp"1`, "resp 1", "resp_é"} {
+		if got := r.MintResponseID(odd, bs[0]); got != odd {
+			t.Errorf("MintResponseID(%q) = %q, want it unchanged", odd, got)
+		}
+	}
+	if got := NewRouter(nil, nil).MintResponseID(id, bs[0]); got != id {
+		t.Errorf("a router without pins minted %q", got)
+	}
+}
+
+// A replica that never saw a response (or lost its memory in a restart)
+// sends its continuation where the minted id says, if that backend is a
+// candidate; a remembered backend comes first.
+func TestNarrowByMintedID(t *testing.T) {
+	bs := backends(3)
+	r := NewPinningRouter(nil, nil, 0)
+	minted := r.MintResponseID("resp_a", bs[2])
+	p := newPins(0) // the other replica's
+	if got, pinned := p.narrow(minted, bs); !pinned || len(got) != 1 || got[0] != bs[2] {
+		t.Errorf("narrow(minted) = %v, %v; want %s alone", got, pinned, bs[2].Name)
+	}
+	if got, pinned := p.narrow(minted, bs[:2]); pinned || len(got) != 2 {
+		t.Errorf("narrow(minted) without its backend = %v, %v; want all candidates", got, pinned)
+	}
+	p.learn("resp_a", bs[0]) // remembered (by the backend's own id) elsewhere: memory wins
+	if got, pinned := p.narrow(minted, bs); !pinned || len(got) != 1 || got[0] != bs[0] {
+		t.Errorf("narrow(minted) after learning = %v, %v; want %s", got, pinned, bs[0].Name)
+	}
+	if got, pinned := p.narrow("resp_b", bs); pinned || len(got) != 3 {
+		t.Errorf("narrow(unknown) = %v, %v", got, pinned)
+	}
+	if st := p.stats(); st.Decoded != 1 || st.Gone != 1 || st.Pinned != 1 || st.Unknown != 1 {
+		t.Errorf("stats %+v; want 1 decoded, 1 gone, 1 pinned, 1 unknown", st)
+	}
+	other := NewPinningRouter(nil, nil, 0)
+	if b := other.ResponseBackend(minted, bs); b != bs[2] {
+		t.Errorf("ResponseBackend(minted) = %v, want %s", b, bs[2].Name)
+	}
+	if b := other.ResponseBackend(minted, bs[:2]); b != nil {
+		t.Errorf("ResponseBackend(minted) among others = %s, want none", b.Name)
+	}
+	if b := other.ResponseBackend("resp_a", bs); b != nil {
+		t.Errorf("ResponseBackend of an id neither seen nor minted = %s", b.Name)
+	}
+}
+
+// BenchmarkMintedResponseID measures what a Responses API request with a
+// minted previous_response_id pays: minting the response's id, and
+// mapping the previous one back to its backend among 64 candidates.
+func BenchmarkMintedResponseID(b *testing.B) {
+	bs := backends(64)
+	r := NewPinningRouter(nil, nil, 0)
+	minted := r.MintResponseID("resp_0123456789abcdef0123456789abcdef", bs[63])
+	p := newPins(0)
+	b.ReportAllocs()
+	for b.Loop() {
+		idSink = r.MintResponseID("resp_0123456789abcdef0123456789abcdef", bs[5])
+		pinSink, _ = p.narrow(minted, bs)
+	}
+}
+
+var idSink string

@@ -42,14 +42,14 @@ func TestRouteFollowsResponses(t *testing.T) {
 			// A failed response teaches nothing.
 			tk, _ := r.Route(&router.Request{Model: "m", Prompt: "x"}, bs)
 			tk.Finish(router.Outcome{Status: 500, ResponseID: "resp_failed"})
-			if r.ResponseBackend("resp_failed") != nil {
+			if r.ResponseBackend("resp_failed", bs) != nil {
 				t.Error("a failed response was pinned")
 			}
 			if got := r.PinStats().Learned; got != 8 {
 				t.Errorf("learned %d, want 8", got)
 			}
-			if n := testutil.CollectAndCount(r.Collector(), "kvroute_response_pins_total", "kvroute_response_pin_entries", "kvroute_response_pins_learned_total"); n != 5 {
-				t.Errorf("%d series, want 5 (3 results, entries, learned)", n)
+			if n := testutil.CollectAndCount(r.Collector(), "kvroute_response_pins_total", "kvroute_response_pin_entries", "kvroute_response_pins_learned_total"); n != 6 {
+				t.Errorf("%d series, want 6 (4 results, entries, learned)", n)
 			}
 		})
 	}
