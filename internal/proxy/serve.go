@@ -56,7 +56,8 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep reque
 		c.ids, c.body = p.responsesCall(c.body, g.Request.PreviousResponseID) // responseid.go
 	}
 	if g.Stream && p.res.MaxMigrations > 0 && continuable(ep, body) {
-		c.rec = new(sse.Record) // migrate.go: its stream may continue elsewhere
+		c.rec = sse.NewRecord() // migrate.go: its stream may continue elsewhere
+		defer c.rec.Release()
 	}
 	cands, e := p.candidates(w, g.Request.Model)
 	if e != nil {

@@ -107,11 +107,11 @@ func (s *splice) event(dst, ev []byte) []byte {
 		dst = append(dst, data[m.Key:m.Val]...) // "name":
 		v := data[m.Val:m.End]
 		switch {
-		case m.Is("id") && s.rec.ID != nil:
+		case m.Is("id") && len(s.rec.ID) > 0:
 			v = s.rec.ID
-		case m.Is("created") && s.rec.Created != nil:
+		case m.Is("created") && len(s.rec.Created) > 0:
 			v = s.rec.Created
-		case m.Is("model") && s.rec.Model != nil:
+		case m.Is("model") && len(s.rec.Model) > 0:
 			v = s.rec.Model
 		case m.Is("usage") && jsonscan.IsObject(v):
 			dst = s.usage(dst, v)

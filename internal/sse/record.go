@@ -2,6 +2,7 @@ package sse
 
 import (
 	"errors"
+	"sync"
 
 	"github.com/kvroute/kvroute/internal/jsonscan"
 )
@@ -37,6 +38,27 @@ type Record struct {
 	Failed []byte
 }
 
+// recordPool keeps Records with their buffers: a Record's text starts with
+// room for a reply of about 250 tokens, so that recording most streams
+// allocates nothing.
+var recordPool = sync.Pool{New: func() any { return &Record{Text: make([]byte, 0, 1024)} }}
+
+// maxPooledText is the most text a Record returned to the pool keeps room
+// for: a longer reply's buffer is left to the collector.
+const maxPooledText = 64 << 10
+
+// NewRecord returns an empty Record, from a pool; Release gives it back.
+func NewRecord() *Record { return recordPool.Get().(*Record) }
+
+// Release empties r and returns it to the pool; r must not be used after.
+func (r *Record) Release() {
+	if cap(r.Text) > maxPooledText {
+		return
+	}
+	*r = Record{ID: r.ID[:0], Created: r.Created[:0], Model: r.Model[:0], Text: r.Text[:0]}
+	recordPool.Put(r)
+}
+
 // failed reports whether the backend's error event stopped the stream.
 func (s *Scanner) failed() bool { return s.Rec != nil && s.Rec.Failed != nil }
 
@@ -70,14 +92,15 @@ func (r *Record) note(data []byte, d *ident, choices []byte) (failed bool) {
 		r.Failed = append(r.Failed[:0], data...)
 		return true
 	}
-	if r.ID == nil && d.id != nil {
-		r.ID = append([]byte(nil), d.id...)
+	// Raw JSON values are never empty: an empty one is not yet seen.
+	if len(r.ID) == 0 && d.id != nil {
+		r.ID = append(r.ID, d.id...)
 	}
-	if r.Created == nil && d.created != nil {
-		r.Created = append([]byte(nil), d.created...)
+	if len(r.Created) == 0 && d.created != nil {
+		r.Created = append(r.Created, d.created...)
 	}
-	if r.Model == nil && d.model != nil {
-		r.Model = append([]byte(nil), d.model...)
+	if len(r.Model) == 0 && d.model != nil {
+		r.Model = append(r.Model, d.model...)
 	}
 	for c := range jsonscan.Elems(choices) {
 		r.choice(c)
