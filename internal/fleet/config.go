@@ -44,6 +44,9 @@ type fileConfig struct {
 		// (Backend.GPUMetricsURL, Backend.GPUPod).
 		GPUMetricsURL string `yaml:"gpu_metrics_url"`
 		GPUPod        string `yaml:"gpu_pod"`
+		// Role is the backend's part in prefill/decode disaggregation
+		// (role.go): prefill, decode or both (the default).
+		Role string `yaml:"role"`
 	} `yaml:"backends"`
 	// yaml.v3 parses time.Duration from strings such as "500ms" and rejects
 	// bare numbers, which would be ambiguous.
@@ -59,6 +62,7 @@ type fileConfig struct {
 //	    api_key_env: GPU_A_KEY     # or api_key: KEY; sent as Authorization: Bearer
 //	    gpu_metrics_url: http://10.0.0.5:9400/metrics  # optional: its DCGM exporter
 //	    gpu_pod: vllm-a-0          # optional: only that pod's GPUs on the exporter
+//	    role: decode               # optional: prefill, decode or both (the default)
 //	  - url: http://127.0.0.1:8002
 //	scrape_interval: 1s
 //	health_interval: 1s
@@ -117,6 +121,11 @@ func parseConfig(data []byte) (Config, error) {
 			return Config{}, fmt.Errorf("%w: backend %d: %w", ErrInvalidConfig, i+1, err)
 		}
 		b.GPUPod = e.GPUPod
+		role, err := ParseRole(e.Role)
+		if err != nil {
+			return Config{}, fmt.Errorf("%w: backend %d: %w", ErrInvalidConfig, i+1, err)
+		}
+		b.SetRole(role)
 		cfg.Backends = append(cfg.Backends, b)
 	}
 	if err := uniqueNames(cfg.Backends); err != nil {

@@ -52,6 +52,9 @@ type call struct {
 	// attempts write through it; migrations counts them.
 	splice     *splice
 	migrations int
+	// prefills are the prefill servers a chat or completion request may be
+	// prefilled on first (disagg.go); nil when there are none.
+	prefills []*fleet.Backend
 }
 
 // forward sends c to a backend picked among cands and copies the response
@@ -79,6 +82,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 		}
 		if n == 1 && !c.held && p.missesDeadline(w, t, c.deadline) {
 			return
+		}
+		if n == 1 && c.prefills != nil {
+			p.disaggregate(r, c, t) // disagg.go: the prefill leg, before the decode's attempt
 		}
 		more := n < p.res.MaxAttempts && len(cands) > 1
 		c.holdable = c.req != nil && !c.held
