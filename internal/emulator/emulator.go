@@ -96,6 +96,9 @@ type Config struct {
 	// topic), from the engine model's block stores and evictions. Close
 	// releases the sockets.
 	KVEvents *kvevents.PublisherConfig
+	// Disagg is the server's part in prefill/decode disaggregation
+	// (disagg.go); the zero value has no KV connector.
+	Disagg Disagg
 }
 
 // Server is one emulated vLLM server: an http.Handler for the OpenAI API plus
@@ -134,6 +137,8 @@ type Server struct {
 
 	// kv publishes the engine's KV events; nil when not configured.
 	kv *kvEvents
+	// pd is the prefill/decode disaggregation state (disagg.go).
+	pd *pd
 
 	wake    chan struct{} // cap 1: work arrived or left
 	stopped chan struct{} // closed when Run returns
@@ -241,6 +246,9 @@ func New(cfg Config) (*Server, error) {
 		gpuID = fmt.Sprintf("%s/%d", model, cfg.Seed)
 	}
 	s.metrics = newMetrics(s, newDCGMCollector(s, gpuID))
+	if s.pd, err = newPD(cfg.Disagg, s.metrics.reg, model); err != nil {
+		return nil, err
+	}
 	if cfg.KVEvents != nil {
 		pub, err := kvevents.NewPublisher(*cfg.KVEvents)
 		if err != nil {

@@ -62,6 +62,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		s.notFound(w, r)
 	default:
+		if id, ok := strings.CutPrefix(r.URL.Path, nixlPath); ok && id != "" {
+			if allow(w, r, http.MethodGet) {
+				s.handleNixl(w, r, id) // disagg.go
+			}
+			return
+		}
 		// A stored response, GET /v1/responses/{id} (responses.go).
 		if id, ok := strings.CutPrefix(r.URL.Path, "/v1/responses/"); ok && id != "" && !strings.Contains(id, "/") {
 			if allow(w, r, http.MethodGet, http.MethodHead) {
@@ -122,6 +128,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x.faults = f
+	if !s.withParams(w, r, x, req.KVTransferParams) { // disagg.go
+		return
+	}
 	s.serve(w, r, x, prompt, pos, "messages")
 }
 
@@ -147,6 +156,9 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x.faults = f
+	if !s.withParams(w, r, x, req.KVTransferParams) { // disagg.go
+		return
+	}
 	// A prompt that ends in a reply under way (a cut completion re-sent
 	// with its text so far) continues that reply.
 	s.serve(w, r, x, prompt, tokenizer.ReplyStart(s.seed, prompt), "prompt")
@@ -166,6 +178,10 @@ type exchange struct {
 	// not nil, is called with the call once the response completed.
 	responses bool
 	done      func(*call)
+	// kv are the request's kv_transfer_params, nil for none; host is the
+	// address its client reached this server at (disagg.go).
+	kv   *kvParams
+	host string
 }
 
 // modelNotFound is vLLM's error for a model it does not serve.
@@ -212,6 +228,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, x *exchange, prom
 	if e != nil {
 		writeError(w, e)
 		return
+	}
+	if x.kv != nil {
+		c.req.RemoteTokens = s.pull(r.Context(), c, x.kv) // disagg.go
 	}
 	if err := s.submit(c); err != nil {
 		writeError(w, submitError(err))
@@ -284,6 +303,7 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x 
 	h.Set(HeaderModelLatency, seconds(c.latency))
 	u := c.usage()
 	reason := c.finishReason()
+	kv := s.hold(c, x.kv, x.id, x.host) // disagg.go
 	switch {
 	case x.responses:
 		writeJSON(w, http.StatusOK, s.response(x, c, true)) // responses.go
@@ -295,12 +315,16 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x 
 				FinishReason: reason,
 			}},
 			Usage: u,
+
+			KVTransferParams: kv,
 		})
 	default:
 		writeJSON(w, http.StatusOK, textCompletion{
 			ID: x.id, Object: "text_completion", Created: x.created, Model: s.model,
 			Choices: []textChoice{{Text: text, FinishReason: reason}},
 			Usage:   u,
+
+			KVTransferParams: kv,
 		})
 	}
 	return true
@@ -452,6 +476,8 @@ type (
 		Model   string       `json:"model"`
 		Choices []chatChoice `json:"choices"`
 		Usage   usage        `json:"usage"`
+		// KVTransferParams are a prefill's (disagg.go).
+		KVTransferParams *kvParams `json:"kv_transfer_params,omitempty"`
 	}
 	chatChoice struct {
 		Index        int       `json:"index"`
@@ -472,6 +498,8 @@ type (
 		Model   string       `json:"model"`
 		Choices []textChoice `json:"choices"`
 		Usage   usage        `json:"usage"`
+		// KVTransferParams are a prefill's (disagg.go).
+		KVTransferParams *kvParams `json:"kv_transfer_params,omitempty"`
 	}
 	textChoice struct {
 		Index        int       `json:"index"`
