@@ -34,6 +34,8 @@ type simFlags struct {
 	cpuProfile string
 	// hugePages asks for 2 MiB pages for the heap (internal/hugepages).
 	hugePages bool
+	// disagg is the prefill/decode flags (simdisagg.go).
+	disagg simDisagg
 }
 
 // parseSimFlags parses the sim subcommand's flags and loads the workload.
@@ -78,6 +80,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 		sf.cfg.SLO, err = results.ParseSLO(v)
 		return err
 	})
+	sf.disagg.register(fs, &sf.cfg) // simdisagg.go
 	fs.BoolVar(&sf.cfg.FullScan, "full-scan", false, "kvroute scores every server on every pick instead of the few that can win (to measure what pruning changes)")
 	fs.BoolVar(&sf.cfg.Text, "text", false, "traces: render prompts as text and tokenize them, as the live bench does (slower)")
 	fs.IntVar(&sf.cfg.KeepRequests, "keep-requests", 100_000, "per-request results kept in results.json (an even sample beyond; -1: all)")
@@ -129,6 +132,9 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	}
 	sf.cfg.Profile = p.WithBlockSize(blockSize)
 	if sf.cfg.Policies, err = parsePolicies(policyList, policies.Names(), nil); err != nil {
+		return sf, err
+	}
+	if err := sf.disagg.apply(&sf.cfg); err != nil { // simdisagg.go
 		return sf, err
 	}
 	sf.cfg.Seed = opts.Seed

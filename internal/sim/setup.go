@@ -90,6 +90,7 @@ type simulation struct {
 	salted      []uint64 // tokenHashes' scratch
 	kv          *kvFeed  // the servers' KV events; nil without Config.KVEvents
 	push        *pushFeed
+	pd          *pdState // the prefill pool; nil without Config.Prefill (disagg.go)
 }
 
 // sessionRef is one session of the (tiled) workload.
@@ -102,7 +103,13 @@ type sessionRef struct {
 // newSimulation builds the fleet and the router replicas of one policy's
 // run, at virtual time 0.
 func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, error) {
+	policy, splitter := splitPolicy(policy) // disagg.go
+	pd, err := newPD(cfg, splitter)
+	if err != nil {
+		return nil, err
+	}
 	s := &simulation{
+		pd:       pd,
 		cfg:      cfg,
 		text:     !tokenMode(cfg),
 		bounds:   withBounds,
@@ -143,6 +150,9 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 	}
 	if cfg.GossipPush > 0 && cfg.Routers > 1 {
 		s.push = newPushFeed(s)
+	}
+	if s.pd != nil {
+		s.setupPD() // disagg.go
 	}
 	s.order = newOrder(cfg)
 	total := cfg.Tile * cfg.Workload.Requests()

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/kvroute/kvroute/internal/router/policies"
+	"github.com/kvroute/kvroute/internal/sim"
+)
+
+// simDisagg is what the simulator's prefill/decode flags decide.
+type simDisagg struct {
+	splits string
+}
+
+func (d *simDisagg) register(fs *flag.FlagSet, cfg *sim.Config) {
+	fs.IntVar(&cfg.Prefill, "prefill", 0, "how many of --backends are prefill servers (the rest decode; 0: an aggregated fleet)")
+	fs.StringVar(&d.splits, "pd-split", policies.DefaultSplitter, "with --prefill: the splitters to compare, comma-separated, or all: "+strings.Join(policies.SplitterNames(), ", ")+"; each policy runs with each, named POLICY@SPLITTER")
+	fs.Float64Var(&cfg.LinkBandwidth, "pd-link-bandwidth", sim.DefaultLinkBandwidth, "with --prefill: the KV transfer link's bytes/s between prefill and decode servers")
+	fs.IntVar(&cfg.Split.Rules.MinTokens, "pd-min-tokens", 0, "with --prefill: the length and load splitters' threshold in tokens (0: their default, 1000)")
+	fs.IntVar(&cfg.Split.Rules.MinUncached, "pd-min-uncached", 0, "with --prefill: the cache splitter's threshold of uncached tokens (0: its default, 128)")
+	fs.IntVar(&cfg.Split.Rules.MaxQueue, "pd-max-queue", 0, "with --prefill: the load splitter's bound on the prefill server's requests (0: its default, 2)")
+}
+
+// apply names every run POLICY@SPLITTER when the fleet has prefill servers.
+func (d *simDisagg) apply(cfg *sim.Config) error {
+	if cfg.Prefill < 0 || cfg.Prefill >= cfg.Backends {
+		return fmt.Errorf("--prefill must be from 0 to --backends - 1, got %d", cfg.Prefill)
+	}
+	if !(cfg.LinkBandwidth > 0) {
+		return fmt.Errorf("--pd-link-bandwidth must be positive")
+	}
+	if cfg.Prefill == 0 {
+		return nil
+	}
+	splits := strings.Split(d.splits, ",")
+	if strings.TrimSpace(d.splits) == "all" {
+		splits = policies.SplitterNames()
+	}
+	var runs []string
+	for _, p := range cfg.Policies {
+		for _, sp := range splits {
+			sp = strings.TrimSpace(sp)
+			if _, err := policies.NewSplitter(sp, cfg.Split); err != nil {
+				return fmt.Errorf("--pd-split: %w", err)
+			}
+			runs = append(runs, p+sim.SplitSep+sp)
+		}
+	}
+	cfg.Policies = runs
+	return nil
+}
