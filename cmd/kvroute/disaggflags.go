@@ -25,9 +25,14 @@ type disaggConfig struct {
 
 func (c *disaggConfig) register(fs *flag.FlagSet) {
 	fs.Var(&c.prefills, "prefill-backend", "a prefill server as [name=]URL, as --backend (repeatable): chat and completion requests may be prefilled there and decoded on a --backend (a config file's backends take role: prefill instead)")
-	fs.StringVar(&c.splitter, "pd-split", policies.DefaultSplitter, "how each request is split between prefill and decode servers: priced (kvroute's price in seconds), always, never, length, cache (llm-d's prefix-based decider) or load (Dynamo's conditional disaggregation)")
 	fs.DurationVar(&c.timeout, "pd-prefill-timeout", proxy.DefaultPrefillTimeout, "limit of one prefill leg, send to answer; past it another prefill server is tried, or the decode server prefills")
 	fs.IntVar(&c.attempts, "pd-prefill-attempts", proxy.DefaultPrefillAttempts, "prefill servers one request tries before its decode server prefills it")
+	c.registerSplit(fs)
+}
+
+// registerSplit registers the splitter's flags, which epp shares.
+func (c *disaggConfig) registerSplit(fs *flag.FlagSet) {
+	fs.StringVar(&c.splitter, "pd-split", policies.DefaultSplitter, "how each request is split between prefill and decode servers: priced (kvroute's price in seconds), always, never, length, cache (llm-d's prefix-based decider) or load (Dynamo's conditional disaggregation)")
 	fs.IntVar(&c.opts.Rules.MinTokens, "pd-min-tokens", router.DefaultSplitMinTokens, "--pd-split length and load: the prompt (length) or uncached (load) tokens from which a request is split")
 	fs.IntVar(&c.opts.Rules.MinUncached, "pd-min-uncached", router.DefaultSplitMinUncached, "--pd-split cache: the uncached tokens on the decode server from which a request is split")
 	fs.IntVar(&c.opts.Rules.MaxQueue, "pd-max-queue", router.DefaultSplitMaxQueue, "--pd-split load: split only while the least loaded prefill server has fewer requests in flight")
@@ -59,14 +64,23 @@ func (c *disaggConfig) config() (proxy.Disagg, error) {
 	if c.attempts < 1 || c.timeout <= 0 {
 		return proxy.Disagg{}, fmt.Errorf("--pd-prefill-attempts must be at least 1 and --pd-prefill-timeout positive")
 	}
+	s, err := c.split()
+	if err != nil {
+		return proxy.Disagg{}, err
+	}
+	return proxy.Disagg{Splitter: s, PrefillTimeout: c.timeout, PrefillAttempts: c.attempts}, nil
+}
+
+// split checks the splitter's flags and returns it.
+func (c *disaggConfig) split() (router.Splitter, error) {
 	if c.kvBytes <= 0 || c.link <= 0 {
-		return proxy.Disagg{}, fmt.Errorf("--pd-kv-bytes-per-token and --pd-link-bandwidth must be positive")
+		return nil, fmt.Errorf("--pd-kv-bytes-per-token and --pd-link-bandwidth must be positive")
 	}
 	o := c.opts
 	o.Price.KVBytesPerToken, o.Price.LinkBandwidth = c.kvBytes, c.link
 	s, err := policies.NewSplitter(c.splitter, o)
 	if err != nil {
-		return proxy.Disagg{}, fmt.Errorf("--pd-split: %w", err)
+		return nil, fmt.Errorf("--pd-split: %w", err)
 	}
-	return proxy.Disagg{Splitter: s, PrefillTimeout: c.timeout, PrefillAttempts: c.attempts}, nil
+	return s, nil
 }

@@ -121,6 +121,10 @@ type exchangeResult struct {
 	dest string
 	list []string
 	body []byte
+	// prefiller is the HeaderPrefiller the reply set; removed the headers
+	// it removed (disagg.go).
+	prefiller string
+	removed   []string
 }
 
 func hv(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }
@@ -191,8 +195,11 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 			res.dest = string(hdr.GetRawValue())
 		case "content-length":
 			contentLength, _ = strconv.Atoi(string(hdr.GetRawValue()))
+		case HeaderPrefiller:
+			res.prefiller = string(hdr.GetRawValue())
 		}
 	}
+	res.removed = hr.GetResponse().GetHeaderMutation().GetRemoveHeaders()
 	lb := m.GetDynamicMetadata().GetFields()[MetadataNamespace].GetStructValue()
 	if lb == nil {
 		return res, errors.New("no envoy.lb dynamic metadata")
