@@ -13,8 +13,10 @@ import (
 // delays, than prefilling it on the decode server the policy picked.
 //
 //	whole = TTFT on the decode server (its cached prefix and queue)
-//	      + its uncached prefill × the streams decoding there (every step
-//	        that carries a prefill chunk is that much longer for them)
+//	      + its uncached prefill × the streams decoding there × a quarter
+//	        (every step that carries a prefill chunk is that much longer
+//	        for them; weighed as kvroute's cost weighs that stall,
+//	        decode.go)
 //	split = the prefill server's queue + its step overhead and the
 //	        prompt's prefill there
 //	      + the KV transfer (prompt tokens × KV bytes per token / link)
@@ -96,7 +98,7 @@ func (s *Split) wholePrice(req *router.Request, d *router.Decision) float64 {
 	if ttft <= 0 { // a policy that predicts nothing: the queue the router counts there
 		ttft = float64(d.Backend.Load().PrefillTokens)/s.rate() + prefill
 	}
-	return ttft + float64(d.Backend.Load().Decoding)*prefill
+	return ttft + e2eDelay.stall*float64(d.Backend.Load().Decoding)*prefill
 }
 
 // splitPrice is the request's TTFT through prefill server p: its queue,

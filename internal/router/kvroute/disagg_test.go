@@ -24,10 +24,10 @@ func TestSplitPrices(t *testing.T) {
 	req := &router.Request{PromptTokens: 10_000}
 	dec := &router.Decision{Backend: d, Cached: 6_000, PredictedTTFT: 500 * time.Millisecond}
 	whole, split := s.SplitPrices(req, dec, p)
-	// whole: 0.5 s TTFT + 4 streams × 4000/10000 s; split: 2 s queued + 1 s
+	// whole: 0.5 s TTFT + a quarter of 4 streams × 4000/10000 s; split: 2 s queued + 1 s
 	// prefill + 20 ms overhead + 1 s transfer (1e9 bytes at 1e9/s) + 10 ms.
-	if math.Abs(whole-2.1) > 1e-9 || math.Abs(split-4.03) > 1e-9 {
-		t.Errorf("prices whole %v split %v, want 2.1 and 4.03", whole, split)
+	if math.Abs(whole-0.9) > 1e-9 || math.Abs(split-4.03) > 1e-9 {
+		t.Errorf("prices whole %v split %v, want 0.9 and 4.03", whole, split)
 	}
 }
 
