@@ -154,7 +154,14 @@ func (p *Proxy) prefillLeg(r *http.Request, c *call, b *fleet.Backend, body []by
 	}
 	start := p.now()
 	out := router.Failed(0)
-	defer func() { t.Finish(out) }()
+	complete := false
+	defer func() {
+		t.Finish(out)
+		// The prefill server's health counts as any backend's (outlier.go).
+		if r, ok := fleet.ResultOf(out.Status, complete, 0, 0); ok {
+			p.fleet.Report(b, r)
+		}
+	}()
 	ctx, cancel := context.WithTimeout(r.Context(), p.disagg.PrefillTimeout)
 	defer cancel()
 	req := p.withCredentials(upstream.NewRequest(ctx, r, b.URL, body), b)
@@ -165,8 +172,10 @@ func (p *Proxy) prefillLeg(r *http.Request, c *call, b *fleet.Backend, body []by
 		p.fleet.MarkFailed(b, err)
 		return nil, "dial", err
 	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultTimeout})
 		return nil, "timeout", err
 	case err != nil:
+		p.fleet.Report(b, fleet.Result{Kind: fleet.ResultGatewayError})
 		return nil, "reset", err
 	}
 	defer res.Body.Close()
@@ -183,6 +192,7 @@ func (p *Proxy) prefillLeg(r *http.Request, c *call, b *fleet.Backend, body []by
 	case res.StatusCode/100 != 2:
 		return nil, "status", fmt.Errorf("prefill server answered %d", res.StatusCode)
 	}
+	complete = true
 	t.FirstToken()
 	var answer struct {
 		Params json.RawMessage `json:"kv_transfer_params"`

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -101,7 +102,8 @@ func TestDisaggFallsBack(t *testing.T) {
 			p1, p2, db := testBackend(t, 0, "p1", pre1.URL, "m"), testBackend(t, 1, "p2", pre2.URL, "m"), testBackend(t, 2, "d", dec.URL, "m")
 			p1.SetRole(fleet.RolePrefill)
 			p2.SetRole(fleet.RolePrefill)
-			_, px := newTestProxy(t, newFakeFleet(p1, p2, db), newFirstPolicy(), nil)
+			ff := newFakeFleet(p1, p2, db)
+			_, px := newTestProxy(t, ff, newFirstPolicy(), nil)
 			res, got := post(t, px.URL, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`)
 			if res.StatusCode != http.StatusOK || got != decodeAnswer {
 				t.Fatalf("status %d body %s, want the decode's answer", res.StatusCode, got)
@@ -110,6 +112,13 @@ func TestDisaggFallsBack(t *testing.T) {
 			<-seen2
 			if d := <-decSeen; strings.Contains(d.body, "kv_transfer_params") {
 				t.Errorf("the fallback sent transfer parameters: %s", d.body)
+			}
+			if tt.status == http.StatusInternalServerError {
+				for _, b := range []*fleet.Backend{p1, p2} {
+					if got := ff.reported(b.Name); !slices.Equal(got, []fleet.ResultKind{fleet.ResultServerError}) {
+						t.Errorf("%s reported %v, want one server error", b.Name, got)
+					}
+				}
 			}
 			assertIdle(t, p1, p2, db)
 		})
