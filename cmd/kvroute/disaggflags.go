@@ -21,11 +21,13 @@ type disaggConfig struct {
 	attempts      int
 	opts          policies.SplitOptions
 	kvBytes, link float64
+	bootstrapPort int
 }
 
 func (c *disaggConfig) register(fs *flag.FlagSet) {
 	fs.Var(&c.prefills, "prefill-backend", "a prefill server as [name=]URL, as --backend (repeatable): chat and completion requests may be prefilled there and decoded on a --backend (a config file's backends take role: prefill instead)")
 	fs.DurationVar(&c.timeout, "pd-prefill-timeout", proxy.DefaultPrefillTimeout, "limit of one prefill leg, send to answer; past it another prefill server is tried, or the decode server prefills")
+	fs.IntVar(&c.bootstrapPort, "pd-bootstrap-port", 0, "the --prefill-backend servers' SGLang bootstrap port (their --disaggregation-bootstrap-port, 8998 by default): their legs go SGLang's way, at once with the decode's and a bootstrap room; 0: vLLM's way")
 	fs.IntVar(&c.attempts, "pd-prefill-attempts", proxy.DefaultPrefillAttempts, "prefill servers one request tries before its decode server prefills it")
 	c.registerSplit(fs)
 }
@@ -53,6 +55,9 @@ func (c *disaggConfig) addBackends(cfg *serveConfig) error {
 			}
 		}
 		b.SetRole(fleet.RolePrefill)
+		if err := b.SetBootstrapPort(c.bootstrapPort); err != nil {
+			return fmt.Errorf("--pd-bootstrap-port: %w", err)
+		}
 		cfg.backends = append(cfg.backends, b)
 		cfg.discovery.fixed = append(cfg.discovery.fixed, b)
 	}

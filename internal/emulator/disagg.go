@@ -33,6 +33,9 @@ type Disagg struct {
 	// EngineID names this server's engine in the transfer parameters; ""
 	// means a random one.
 	EngineID string
+	// BootstrapTimeout bounds a decode's wait for its SGLang room's
+	// prefill (bootstrap.go); 0 means DefaultBootstrapTimeout.
+	BootstrapTimeout time.Duration
 }
 
 // DefaultLinkBandwidth is RDMA at 200 Gb/s between prefill and decode GPUs.
@@ -74,8 +77,9 @@ type pd struct {
 	cfg    Disagg
 	client *http.Client
 
-	mu   sync.Mutex
-	held map[string]held
+	mu    sync.Mutex
+	held  map[string]held
+	rooms map[uint64]*room // SGLang's (bootstrap.go)
 
 	xferTime  prometheus.Histogram
 	xferBytes prometheus.Histogram
@@ -97,6 +101,9 @@ func newPD(cfg Disagg, reg prometheus.Registerer, model string) (*pd, error) {
 	}
 	if cfg.Hold == 0 {
 		cfg.Hold = DefaultKVHold
+	}
+	if cfg.BootstrapTimeout <= 0 {
+		cfg.BootstrapTimeout = DefaultBootstrapTimeout
 	}
 	if cfg.EngineID == "" {
 		cfg.EngineID = randomHex()
@@ -152,15 +159,9 @@ func (s *Server) pull(ctx context.Context, c *call, kp *kvParams) int {
 		return 0
 	}
 	tokens = min(tokens, c.req.PromptLen-1)
-	bytes := float64(tokens) * s.profile.KVBytesPerToken()
-	model := time.Duration(bytes / p.cfg.LinkBandwidth * float64(time.Second))
-	select {
-	case <-s.clock.After(time.Duration(float64(model) * s.scale)):
-	case <-ctx.Done():
+	if s.transfer(ctx, tokens) != nil { // bootstrap.go
 		return 0
 	}
-	p.xferTime.Observe(model.Seconds())
-	p.xferBytes.Observe(bytes)
 	return tokens
 }
 
@@ -274,12 +275,15 @@ func (s *Server) handleNixl(w http.ResponseWriter, r *http.Request, id string) {
 
 // withParams reads raw, a request's kv_transfer_params, into x; a malformed
 // one is answered 400 and withParams reports false.
-func (s *Server) withParams(w http.ResponseWriter, r *http.Request, x *exchange, raw json.RawMessage) bool {
+func (s *Server) withParams(w http.ResponseWriter, r *http.Request, x *exchange, raw json.RawMessage, b bootstrap) bool {
 	kp, err := s.readParams(raw)
 	if err != nil {
 		writeError(w, badRequest("kv_transfer_params", "%v", err))
 		return false
 	}
 	x.kv, x.host = kp, r.Host
+	if s.pd.cfg.Role != "" && (b.Host != nil || b.Port != nil || b.Room != nil) {
+		x.boot = &b // bootstrap.go
+	}
 	return true
 }

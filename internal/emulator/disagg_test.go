@@ -1,9 +1,14 @@
 package emulator
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
+	"net/url"
+	"strconv"
 	"testing"
+	"time"
 )
 
 // prefillAnswer is a prefill's response, with its transfer parameters.
@@ -102,5 +107,46 @@ func TestDisaggIgnoredWithoutConnector(t *testing.T) {
 	res, data = post(t, dec+"/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"kv_transfer_params":"yes"}`)
 	if res.StatusCode != http.StatusBadRequest {
 		t.Errorf("malformed kv_transfer_params: status %d %s", res.StatusCode, data)
+	}
+}
+
+// TestDisaggSGLangRoom runs SGLang's way: the decode leg, sent first,
+// waits in its bootstrap room until the prefill leg is done, then decodes
+// with the prompt pulled; a room no prefill comes to ends in 503.
+func TestDisaggSGLangRoom(t *testing.T) {
+	_, pre := startServer(t, Config{Disagg: Disagg{Role: "prefill"}}, nil)
+	_, dec := startServer(t, Config{Disagg: Disagg{Role: "decode", BootstrapTimeout: 200 * time.Millisecond}}, nil)
+	u, err := url.Parse(pre)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, _ := strconv.Atoi(u.Port())
+	chat := func(room uint64, maxTokens int) map[string]any {
+		return map[string]any{"model": testModel, "max_tokens": maxTokens, "messages": []map[string]any{{"role": "user", "content": words(3000)}},
+			"bootstrap_host": u.Hostname(), "bootstrap_port": port, "bootstrap_room": room}
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		body, _ := json.Marshal(chat(42, 10))
+		res, err := http.Post(dec+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			got <- nil
+			return
+		}
+		defer res.Body.Close()
+		data, _ := io.ReadAll(res.Body)
+		got <- data
+	}()
+	complete(t, pre+"/v1/chat/completions", chat(42, 1))
+	var r responseJSON
+	if data := <-got; json.Unmarshal(data, &r) != nil || r.Usage == nil || r.Usage.PromptTokensDetails == nil {
+		t.Fatalf("decode answered %s", data)
+	}
+	if n := r.Usage.PromptTokensDetails.CachedTokens; n != r.Usage.PromptTokens-1 {
+		t.Errorf("decode cached %d of %d prompt tokens, want all but the last", n, r.Usage.PromptTokens)
+	}
+	res, data := post(t, dec+"/v1/chat/completions", chat(43, 10))
+	if res.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("a room never prefilled: status %d %s, want 503", res.StatusCode, data)
 	}
 }

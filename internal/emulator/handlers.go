@@ -68,6 +68,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			return
 		}
+		if id, ok := strings.CutPrefix(r.URL.Path, bootstrapPath); ok && id != "" {
+			if allow(w, r, http.MethodGet) {
+				s.handleBootstrap(w, r, id) // bootstrap.go
+			}
+			return
+		}
 		// A stored response, GET /v1/responses/{id} (responses.go).
 		if id, ok := strings.CutPrefix(r.URL.Path, "/v1/responses/"); ok && id != "" && !strings.Contains(id, "/") {
 			if allow(w, r, http.MethodGet, http.MethodHead) {
@@ -128,7 +134,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x.faults = f
-	if !s.withParams(w, r, x, req.KVTransferParams) { // disagg.go
+	if !s.withParams(w, r, x, req.KVTransferParams, req.bootstrap) { // disagg.go
 		return
 	}
 	s.serve(w, r, x, prompt, pos, "messages")
@@ -156,7 +162,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x.faults = f
-	if !s.withParams(w, r, x, req.KVTransferParams) { // disagg.go
+	if !s.withParams(w, r, x, req.KVTransferParams, req.bootstrap) { // disagg.go
 		return
 	}
 	// A prompt that ends in a reply under way (a cut completion re-sent
@@ -182,6 +188,7 @@ type exchange struct {
 	// address its client reached this server at (disagg.go).
 	kv   *kvParams
 	host string
+	boot *bootstrap // SGLang's (bootstrap.go)
 }
 
 // modelNotFound is vLLM's error for a model it does not serve.
@@ -229,8 +236,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, x *exchange, prom
 		writeError(w, e)
 		return
 	}
-	if x.kv != nil {
-		c.req.RemoteTokens = s.pull(r.Context(), c, x.kv) // disagg.go
+	if e := s.remoteKV(r.Context(), c, x); e != nil { // bootstrap.go
+		writeError(w, e)
+		return
 	}
 	if err := s.submit(c); err != nil {
 		writeError(w, submitError(err))
@@ -304,6 +312,7 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x 
 	u := c.usage()
 	reason := c.finishReason()
 	kv := s.hold(c, x.kv, x.id, x.host) // disagg.go
+	s.roomDone(c, x.boot)               // bootstrap.go
 	switch {
 	case x.responses:
 		writeJSON(w, http.StatusOK, s.response(x, c, true)) // responses.go

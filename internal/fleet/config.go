@@ -47,6 +47,9 @@ type fileConfig struct {
 		// Role is the backend's part in prefill/decode disaggregation
 		// (role.go): prefill, decode or both (the default).
 		Role string `yaml:"role"`
+		// BootstrapPort is a prefill server's SGLang bootstrap port
+		// (role.go); 0 for vLLM's wire.
+		BootstrapPort int `yaml:"bootstrap_port"`
 	} `yaml:"backends"`
 	// yaml.v3 parses time.Duration from strings such as "500ms" and rejects
 	// bare numbers, which would be ambiguous.
@@ -63,6 +66,7 @@ type fileConfig struct {
 //	    gpu_metrics_url: http://10.0.0.5:9400/metrics  # optional: its DCGM exporter
 //	    gpu_pod: vllm-a-0          # optional: only that pod's GPUs on the exporter
 //	    role: decode               # optional: prefill, decode or both (the default)
+//	    bootstrap_port: 8998       # optional: a prefill server's SGLang bootstrap port
 //	  - url: http://127.0.0.1:8002
 //	scrape_interval: 1s
 //	health_interval: 1s
@@ -126,6 +130,9 @@ func parseConfig(data []byte) (Config, error) {
 			return Config{}, fmt.Errorf("%w: backend %d: %w", ErrInvalidConfig, i+1, err)
 		}
 		b.SetRole(role)
+		if err := b.SetBootstrapPort(e.BootstrapPort); err != nil {
+			return Config{}, fmt.Errorf("%w: backend %d: %w", ErrInvalidConfig, i+1, err)
+		}
 		cfg.Backends = append(cfg.Backends, b)
 	}
 	if err := uniqueNames(cfg.Backends); err != nil {

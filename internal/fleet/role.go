@@ -3,6 +3,7 @@ package fleet
 import (
 	"fmt"
 	"maps"
+	"strconv"
 	"strings"
 )
 
@@ -95,4 +96,37 @@ func SplitRoles(cands []*Backend) (decoders, prefillers []*Backend) {
 		}
 	}
 	return decoders, prefillers
+}
+
+// BootstrapPortLabel carries a prefill server's SGLang bootstrap port
+// (its --disaggregation-bootstrap-port, 8998 by default): with one, its
+// prefill legs go SGLang's way, at the same time as the decode's, with
+// bootstrap_host, bootstrap_port and bootstrap_room in both.
+const BootstrapPortLabel = "kvroute.io/bootstrap-port"
+
+// BootstrapPort returns the backend's SGLang bootstrap port, 0 for none.
+func (b *Backend) BootstrapPort() int {
+	p, err := strconv.Atoi(b.Labels[BootstrapPortLabel])
+	if err != nil || p <= 0 || p > 65535 {
+		return 0
+	}
+	return p
+}
+
+// SetBootstrapPort labels b with its SGLang bootstrap port; like SetRole,
+// before the backend is used.
+func (b *Backend) SetBootstrapPort(port int) error {
+	if port < 0 || port > 65535 {
+		return fmt.Errorf("%w: bootstrap port %d", ErrInvalidBackend, port)
+	}
+	if port == 0 {
+		return nil
+	}
+	l := maps.Clone(b.Labels)
+	if l == nil {
+		l = make(map[string]string, 1)
+	}
+	l[BootstrapPortLabel] = strconv.Itoa(port)
+	b.Labels = l
+	return nil
 }

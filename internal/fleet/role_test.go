@@ -54,6 +54,13 @@ func TestConfigRole(t *testing.T) {
 	if _, err := parseConfig([]byte("backends:\n  - {url: http://127.0.0.1:1, role: primary}\n")); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("role primary: error %v, want ErrInvalidConfig", err)
 	}
+	cfg, err = parseConfig([]byte("backends:\n  - {url: http://127.0.0.1:1, role: prefill, bootstrap_port: 8998}\n"))
+	if err != nil || cfg.Backends[0].BootstrapPort() != 8998 || cfg.Backends[0].Role() != RolePrefill {
+		t.Errorf("bootstrap_port 8998: %v, %+v", err, cfg.Backends)
+	}
+	if _, err := parseConfig([]byte("backends:\n  - {url: http://127.0.0.1:1, bootstrap_port: 70000}\n")); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("bootstrap_port 70000: error %v, want ErrInvalidConfig", err)
+	}
 }
 
 func TestSplitRoles(t *testing.T) {

@@ -109,6 +109,7 @@ func withRoles(c *call, cands []*fleet.Backend) []*fleet.Backend {
 // c's body stays as it was: the decode server prefills it itself, and the
 // client sees no error.
 func (p *Proxy) disaggregate(r *http.Request, c *call, t *router.Ticket) {
+	defer func() { c.prefills = nil }() // once: a held request keeps its first leg's KV
 	d := &p.disagg
 	pb := d.Splitter.Split(c.req, &t.Decision, c.prefills, p.rand)
 	if pb == nil {
@@ -116,6 +117,9 @@ func (p *Proxy) disaggregate(r *http.Request, c *call, t *router.Ticket) {
 		return
 	}
 	p.dmetrics.decisions.WithLabelValues(d.Splitter.Name(), "split").Inc()
+	if pb.BootstrapPort() > 0 && p.concurrentLegs(r, c, pb) { // sglang.go
+		return
+	}
 	prefillBody, err := prefillRequest(c.body)
 	if err != nil { // the body was parsed already: not expected
 		p.log.Warn("prefill leg not sent", "request_id", c.id, "err", err)
@@ -213,7 +217,11 @@ var remoteDecode = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill"
 // one output token, not streamed, no stream options, no minimum output
 // (vLLM's prefill refuses min_tokens above max_tokens), and the transfer
 // parameters asking the server to keep the KV for a remote decode.
-func prefillRequest(body []byte) ([]byte, error) {
+func prefillRequest(body []byte) ([]byte, error) { return prefillLeg(body, true) }
+
+// prefillLeg is prefillRequest, with vLLM's transfer parameters only when
+// vllm is set (SGLang's legs meet by their bootstrap room instead).
+func prefillLeg(body []byte, vllm bool) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
 		return nil, err
@@ -227,7 +235,9 @@ func prefillRequest(body []byte) ([]byte, error) {
 	delete(m, "stream_options")
 	delete(m, "min_tokens")
 	delete(m, "min_completion_tokens")
-	m["kv_transfer_params"] = remoteDecode
+	if vllm {
+		m["kv_transfer_params"] = remoteDecode
+	}
 	return json.Marshal(m)
 }
 

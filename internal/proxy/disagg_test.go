@@ -151,3 +151,34 @@ func TestDisaggNeverAndRoles(t *testing.T) {
 		t.Errorf("routed to %s", o.Decision.Backend.Name)
 	}
 }
+
+// TestDisaggSGLangWire checks SGLang's way: a prefill server with a
+// bootstrap port gets its leg at the same time as the decode server, both
+// with the same bootstrap host, port and room.
+func TestDisaggSGLangWire(t *testing.T) {
+	pre, preSeen := recordingBackend(t, http.StatusOK, http.Header{"Content-Type": {"application/json"}}, decodeAnswer)
+	dec, decSeen := recordingBackend(t, http.StatusOK, http.Header{"Content-Type": {"application/json"}}, decodeAnswer)
+	pb, db := testBackend(t, 0, "p", pre.URL, "m"), testBackend(t, 1, "d", dec.URL, "m")
+	pb.SetRole(fleet.RolePrefill)
+	if err := pb.SetBootstrapPort(8998); err != nil {
+		t.Fatal(err)
+	}
+	_, px := newTestProxy(t, newFakeFleet(pb, db), newFirstPolicy(), nil)
+	res, got := post(t, px.URL, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":7,"stream":false}`)
+	if res.StatusCode != http.StatusOK || got != decodeAnswer {
+		t.Fatalf("status %d body %s", res.StatusCode, got)
+	}
+	d, p := decodeJSON(t, (<-decSeen).body), decodeJSON(t, (<-preSeen).body)
+	pre.await(t)
+	for _, k := range []string{"bootstrap_host", "bootstrap_port", "bootstrap_room"} {
+		if d[k] == nil || d[k] != p[k] {
+			t.Errorf("%s: decode %v, prefill %v; want one value", k, d[k], p[k])
+		}
+	}
+	if d["bootstrap_host"] != "127.0.0.1" || d["bootstrap_port"] != 8998.0 {
+		t.Errorf("bootstrap %v:%v, want the prefill server's host and port 8998", d["bootstrap_host"], d["bootstrap_port"])
+	}
+	if d["max_tokens"] != 7.0 || p["max_tokens"] != 1.0 || d["kv_transfer_params"] != nil || p["kv_transfer_params"] != nil {
+		t.Errorf("decode max_tokens %v, prefill %v, decode kv_transfer_params %v", d["max_tokens"], p["max_tokens"], d["kv_transfer_params"])
+	}
+}

@@ -53,8 +53,11 @@ type call struct {
 	splice     *splice
 	migrations int
 	// prefills are the prefill servers a chat or completion request may be
-	// prefilled on first (disagg.go); nil when there are none.
+	// prefilled on first (disagg.go); nil when there are none. whole is
+	// the body without SGLang's bootstrap room (sglang.go), which a retry
+	// goes back to.
 	prefills []*fleet.Backend
+	whole    []byte
 }
 
 // forward sends c to a backend picked among cands and copies the response
@@ -85,6 +88,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 		}
 		if n == 1 && c.prefills != nil {
 			p.disaggregate(r, c, t) // disagg.go: the prefill leg, before the decode's attempt
+		} else if c.whole != nil {
+			c.body, c.whole = c.whole, nil // sglang.go: the room was the first decode server's
 		}
 		more := n < p.res.MaxAttempts && len(cands) > 1
 		c.holdable = c.req != nil && !c.held

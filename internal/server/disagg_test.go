@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -127,5 +128,54 @@ func TestDisaggLive(t *testing.T) {
 	}
 	if got := emulatorCounter(t, dec, "vllm:nixl_xfer_time_seconds"); got != n {
 		t.Errorf("decode servers pulled %v times after the prefill pool failed, want still %d", got, n)
+	}
+}
+
+// TestDisaggLiveSGLang is TestDisaggLive the SGLang way: prefill servers
+// with a bootstrap port (the emulator's HTTP port) get their leg at the
+// same time as the decode servers, who meet them in the bootstrap room;
+// with the prefill pool failing, the decode's wait ends in 503 and the
+// request is retried whole on another decode server.
+func TestDisaggLiveSGLang(t *testing.T) {
+	pre := testfleet.Start(t, 2, "--seed", "7", "--time-scale", "0.05", "--kv-role", "prefill")
+	dec := testfleet.Start(t, 2, "--seed", "7", "--time-scale", "0.05", "--kv-role", "decode", "--kv-bootstrap-timeout", "1s")
+	s := startRouter(t, dec, func(c *Config) {
+		for i, e := range pre {
+			b, err := fleet.ParseBackend(len(c.Backends), fmt.Sprintf("prefill%d=%s", i, e.URL()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.SetRole(fleet.RolePrefill)
+			port, _ := strconv.Atoi(b.URL.Port())
+			if err := b.SetBootstrapPort(port); err != nil {
+				t.Fatal(err)
+			}
+			c.Backends = append(c.Backends, b)
+		}
+		c.Proxy.Disagg.Splitter = router.SplitAlways{}
+	})
+	const n = 8
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			status, prompt, cached, body := chatOnce(t, s.URL, fmt.Sprintf("report %d: %s", i, strings.Repeat("ut enim ad minim ", 300)))
+			if status != http.StatusOK || cached != prompt-1 {
+				t.Errorf("request %d: status %d, %d of %d prompt tokens pulled: %s", i, status, cached, prompt, body)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := emulatorCounter(t, dec, "vllm:nixl_xfer_time_seconds"); got != n {
+		t.Errorf("decode servers met %v prefills, want %d", got, n)
+	}
+	pre[0].Kill()
+	pre[1].SetFaults(emulator.Faults{Rate500: 1})
+	for i := range 3 {
+		status, _, cached, body := chatOnce(t, s.URL, fmt.Sprintf("whole %d: %s", i, strings.Repeat("quis nostrud ", 300)))
+		if status != http.StatusOK || cached != 0 {
+			t.Errorf("fallback request %d: status %d, %d cached: %s", i, status, cached, body)
+		}
 	}
 }
