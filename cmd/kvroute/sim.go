@@ -85,6 +85,7 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 	fs.BoolVar(&sf.cfg.Text, "text", false, "traces: render prompts as text and tokenize them, as the live bench does (slower)")
 	fs.IntVar(&sf.cfg.KeepRequests, "keep-requests", 100_000, "per-request results kept in results.json (an even sample beyond; -1: all)")
 	fs.DurationVar(&sf.find.SLO, "slo-ttft-p99", 0, "p99 TTFT objective for --find-backends (e.g. 2s)")
+	fs.DurationVar(&sf.find.TPOT, "slo-tpot-p99", 0, "with --find-backends --prefill N: a p99 time-per-output-token objective as well (e.g. 50ms; 0: none)")
 	fs.BoolVar(&findBackend, "find-backends", false, "find, per policy, the smallest fleet whose p99 TTFT meets --slo-ttft-p99")
 	fs.IntVar(&sf.find.Max, "max-backends", 4096, "--find-backends: the largest fleet tried")
 	fs.StringVar(&sf.out, "out", "", "directory for results.json and report.html (default out/sim-WORKLOAD)")
@@ -175,6 +176,9 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	cfg := sf.cfg
 	cfg.Progress = stderr
 	started := time.Now()
+	if sf.find.SLO > 0 && cfg.Prefill > 0 {
+		return findPD(ctx, stdout, stderr, cfg, sf.find, started) // simdisagg.go
+	}
 	if sf.find.SLO > 0 {
 		fmt.Fprintf(stdout, "kvroute sim --find-backends: %s\n%s servers, %d router replica(s); p99 TTFT objective %v; policies %s\n\n",
 			tiledDescription(cfg), cfg.Profile.Name, cfg.Routers, sf.find.SLO, strings.Join(cfg.Policies, ", "))

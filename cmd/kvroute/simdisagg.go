@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/router/policies"
 	"github.com/kvroute/kvroute/internal/sim"
@@ -50,4 +53,31 @@ func (d *simDisagg) apply(cfg *sim.Config) error {
 	}
 	cfg.Policies = runs
 	return nil
+}
+
+// findPD runs --find-backends for a disaggregated fleet: per policy and
+// splitter, the fewest prefill and decode servers (up to --prefill prefill
+// servers) that meet the objectives.
+func findPD(ctx context.Context, stdout, stderr io.Writer, cfg sim.Config, fc sim.FindConfig, started time.Time) int {
+	fmt.Fprintf(stdout, "kvroute sim --find-backends: %s\n%s servers, up to %d prefill; p99 TTFT ≤ %v, p99 TPOT ≤ %v; policies %s\n\n",
+		tiledDescription(cfg), cfg.Profile.Name, cfg.Prefill, fc.SLO, fc.TPOT, strings.Join(cfg.Policies, ", "))
+	cfg.Progress = nil
+	res, err := sim.FindXPYD(ctx, cfg, fc, cfg.Prefill, func(policy string, t sim.TrialPD) {
+		mark := "✗"
+		if t.Met {
+			mark = "✓"
+		}
+		fmt.Fprintf(stderr, "  %-20s %8s: p99 TTFT %8.0f ms, TPOT %6.1f ms %s\n", policy, fmt.Sprintf("%dP%dD", t.Prefill, t.Decode),
+			float64(t.TTFTP99)/float64(time.Millisecond), float64(t.TPOTP99)/float64(time.Millisecond), mark)
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute sim: %v\n", err)
+		return 1
+	}
+	if err := sim.WriteFindPDTable(stdout, res, fc); err != nil {
+		fmt.Fprintf(stderr, "kvroute sim: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "\n(%v of wall time)\n", time.Since(started).Round(time.Millisecond))
+	return 0
 }

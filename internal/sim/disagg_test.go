@@ -78,3 +78,42 @@ func TestDisaggConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestFindXPYD finds the smallest xPyD fleet for a workload and objective
+// and checks it: the fleet found meets the objective, one decode server
+// fewer with as many prefill servers does not, and no fleet tried with
+// fewer servers in all met it.
+func TestFindXPYD(t *testing.T) {
+	w, err := workload.Load("chat-long", workload.Options{Rate: 8, Duration: 20 * time.Second, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := FindConfig{SLO: 5 * time.Second, TPOT: 50 * time.Millisecond, Max: 16}
+	found, err := FindXPYD(context.Background(), Config{Workload: w, Profile: profile(t), Seed: 1, Policies: []string{"kvroute@priced"}}, fc, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := found[0]
+	t.Logf("%s: %dP%dD, TTFT p99 %v, TPOT p99 %v, %d fleets tried", f.Policy, f.Prefill, f.Decode, f.TTFTP99, f.TPOTP99, len(f.Trials))
+	if f.Decode == 0 {
+		t.Fatal("no fleet found")
+	}
+	if f.TTFTP99 > fc.SLO || f.TPOTP99 > fc.TPOT {
+		t.Errorf("the fleet found misses the objective: %v, %v", f.TTFTP99, f.TPOTP99)
+	}
+	fewer := false
+	for _, tr := range f.Trials {
+		if tr.Met && tr.Prefill+tr.Decode < f.Prefill+f.Decode {
+			t.Errorf("%dP%dD met the objective with fewer servers than %dP%dD", tr.Prefill, tr.Decode, f.Prefill, f.Decode)
+		}
+		if tr.Prefill == f.Prefill && tr.Decode == f.Decode-1 {
+			fewer = true
+			if tr.Met {
+				t.Errorf("%dP%dD met the objective too", tr.Prefill, tr.Decode)
+			}
+		}
+	}
+	if f.Decode > 1 && !fewer {
+		t.Errorf("%dP%dD was not tried", f.Prefill, f.Decode-1)
+	}
+}
