@@ -37,22 +37,29 @@ func (d *simDisagg) apply(cfg *sim.Config) error {
 	if cfg.Prefill == 0 {
 		return nil
 	}
-	splits := strings.Split(d.splits, ",")
-	if strings.TrimSpace(d.splits) == "all" {
+	runs, err := withSplits(cfg.Policies, d.splits)
+	cfg.Policies = runs
+	return err
+}
+
+// withSplits names a run for each policy and each splitter of list
+// (comma-separated, or all): POLICY@SPLITTER.
+func withSplits(names []string, list string) ([]string, error) {
+	splits := strings.Split(list, ",")
+	if strings.TrimSpace(list) == "all" {
 		splits = policies.SplitterNames()
 	}
 	var runs []string
-	for _, p := range cfg.Policies {
+	for _, p := range names {
 		for _, sp := range splits {
 			sp = strings.TrimSpace(sp)
-			if _, err := policies.NewSplitter(sp, cfg.Split); err != nil {
-				return fmt.Errorf("--pd-split: %w", err)
+			if _, err := policies.NewSplitter(sp, policies.SplitOptions{}); err != nil {
+				return nil, fmt.Errorf("--pd-split: %w", err)
 			}
 			runs = append(runs, p+sim.SplitSep+sp)
 		}
 	}
-	cfg.Policies = runs
-	return nil
+	return runs, nil
 }
 
 // findPD runs --find-backends for a disaggregated fleet: per policy and

@@ -56,6 +56,10 @@ type FleetConfig struct {
 	TokenizeTimeout time.Duration
 	// Logger receives the components' logs; nil discards them.
 	Logger *slog.Logger
+	// Prefill is how many of the emulated Backends are prefill servers
+	// (the last ones; disagg.go); a Policy POLICY@SPLITTER splits with
+	// that splitter.
+	Prefill int
 }
 
 // Fleet is a running fleet and its router.
@@ -90,6 +94,8 @@ type Fleet struct {
 	// retired sums, per backend, the counters of the servers Restart
 	// replaced, so that the run's totals span the restart.
 	retired []backendStats
+	// backends and prefill give each emulator its part (disagg.go).
+	backends, prefill int
 }
 
 // emuBackend is one emulated backend's process stand-in.
@@ -144,9 +150,13 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	}
 	// The router as `kvroute serve` runs it, on a loopback port of its own,
 	// its predictions in each response for the report's accuracy.
-	rs, err := server.Start(ctx, server.Config{Backends: backends, Fleet: opts, Policy: cfg.Policy,
+	policy, pd, err := disagg(cfg, backends) // disagg.go
+	if err != nil {
+		return fail(err)
+	}
+	rs, err := server.Start(ctx, server.Config{Backends: backends, Fleet: opts, Policy: policy,
 		Router: policies.Options{Seed: cfg.Seed, KVRoute: cfg.KVRoute}, KVEvents: f.following(cfg.TokenizeTimeout),
-		Proxy:  proxy.Config{Logger: logger, Resilience: scaledTimeouts(cfg), Explain: true},
+		Proxy:  proxy.Config{Logger: logger, Resilience: scaledTimeouts(cfg), Explain: true, Disagg: pd},
 		Listen: "127.0.0.1:0", DrainDelay: -1, Logger: logger})
 	if err != nil {
 		return fail(err)
@@ -195,12 +205,15 @@ func (f *Fleet) emulate(ctx context.Context, cfg FleetConfig, logger *slog.Logge
 		urls     []string
 	)
 	f.emuCfg = emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger}
+	f.backends, f.prefill = cfg.Backends, cfg.Prefill
 	for i := range cfg.Backends {
 		var events kvevents.Source
 		if cfg.KVEvents {
 			events = kvevents.Source{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0"}
 		}
-		s, err := emulator.New(f.withEvents(events))
+		ec := f.withEvents(events)
+		ec.Disagg = f.roleOf(i) // disagg.go
+		s, err := emulator.New(ec)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -345,7 +358,9 @@ func (f *Fleet) Restart(i int) error {
 	if b.srv != nil {
 		return nil
 	}
-	s, err := emulator.New(f.withEvents(b.events))
+	ec := f.withEvents(b.events)
+	ec.Disagg = f.roleOf(i) // disagg.go
+	s, err := emulator.New(ec)
 	if err != nil {
 		return err
 	}
