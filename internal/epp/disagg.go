@@ -17,9 +17,8 @@ import (
 // cannot choose a prefill server.
 const HeaderPrefiller = "x-prefiller-host-port"
 
-// newPrefillRouter counts the prefill legs on the prefill endpoints: the
-// least loaded of the few the splitter weighs is never a choice here (the
-// splitter names one), only the accounting.
+// newPrefillRouter counts the prefill legs on the prefill endpoints; the
+// splitter has chosen the endpoint, the router only counts the leg there.
 func newPrefillRouter() *router.Router {
 	return router.NewRouter(baseline.NewLeastRequestRand(rand.IntN), nil)
 }
