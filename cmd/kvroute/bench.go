@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -43,6 +44,9 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 	)
 	fs.StringVar(&spec, "workload", "chat", "workload: "+strings.Join(workload.Specs(), ", "))
 	fs.IntVar(&bf.cfg.Backends, "backends", 8, "emulated backends")
+	var splits string
+	fs.IntVar(&bf.cfg.Prefill, "prefill", 0, "how many of --backends are emulated prefill servers (the rest decode; 0: an aggregated fleet); each policy then runs with each splitter of --pd-split, named POLICY@SPLITTER")
+	fs.StringVar(&splits, "pd-split", policies.DefaultSplitter, "with --prefill: the splitters to compare, comma-separated, or all: "+strings.Join(policies.SplitterNames(), ", "))
 	fs.StringVar(&backendURLs, "backend-url", "", "running servers to use instead of emulated ones, comma-separated URLs (e.g. llama-server from scripts/llama-fleet.sh); times are then real")
 	fs.StringVar(&policyList, "policies", "kvroute,round-robin,least-request,session-hash", "policies to compare, comma-separated, or all: "+strings.Join(allPolicies(), ", "))
 	fs.Float64Var(&opts.Rate, "rate", 0, "arrival rate, sessions (or requests) per second of model time (0: the workload's default or the trace's timestamps)")
@@ -136,6 +140,16 @@ func parseBenchFlags(args []string, output io.Writer) (benchFlags, error) {
 	var err error
 	if bf.cfg.Policies, err = parsePolicies(policyList, allPolicies(), bench.IsBalancer); err != nil {
 		return bf, err
+	}
+	switch {
+	case bf.cfg.Prefill < 0 || bf.cfg.Prefill >= bf.cfg.Backends:
+		return bf, fmt.Errorf("--prefill must be from 0 to --backends - 1, got %d", bf.cfg.Prefill)
+	case bf.cfg.Prefill > 0 && (len(bf.cfg.BackendURLs) > 0 || slices.ContainsFunc(bf.cfg.Policies, bench.IsBalancer)):
+		return bf, errors.New("--prefill needs emulated backends and kvroute's policies, not --backend-url or a balancer")
+	case bf.cfg.Prefill > 0:
+		if bf.cfg.Policies, err = withSplits(bf.cfg.Policies, splits); err != nil { // simdisagg.go
+			return bf, err
+		}
 	}
 	bf.cfg.Seed = opts.Seed
 	var out string

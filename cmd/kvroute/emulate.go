@@ -58,6 +58,7 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 		admin            bool
 		kvEvents         kvevents.PublisherConfig
 		kvFormat         string
+		disagg           emulator.Disagg
 	)
 	fs.StringVar(&cfg.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&cfg.port, "port", 8001, "port of the first replica; replica i listens on port+i (0: any free port)")
@@ -94,6 +95,10 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 	})
 	lf := addLoRAFlags(fs, "with --enable-lora")
 	fs.StringVar(&kvFormat, "kv-events-format", "map", "msgpack layout of the KV event batches: map (vLLM's current source), array (array_like, as most vLLM releases and its subscriber example) or sglang (SGLang's: array_like, one page per event, signed hashes)")
+	fs.StringVar(&disagg.Role, "kv-role", "", "the server's part in prefill/decode disaggregation, as vLLM with NixlConnector: prefill (answers kv_transfer_params asking for a remote decode with those of its KV), decode (pulls the KV a request's kv_transfer_params name), both; empty: no KV connector")
+	fs.Float64Var(&disagg.LinkBandwidth, "kv-link-bandwidth", emulator.DefaultLinkBandwidth, "with --kv-role: the KV transfer link's bandwidth in bytes/s (a pull of n tokens takes n × KV bytes per token / this, in model time)")
+	fs.DurationVar(&disagg.BootstrapTimeout, "kv-bootstrap-timeout", emulator.DefaultBootstrapTimeout, "with --kv-role decode or both: how long a request with SGLang's bootstrap_room waits for its prefill before it answers 503")
+	fs.DurationVar(&disagg.Hold, "kv-hold", emulator.DefaultKVHold, "with --kv-role prefill or both: how long a prefill's KV is held for its decode server (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute emulate [flags]\n\n"+
 			"Serves emulated vLLM servers: the OpenAI API (/v1/chat/completions, /v1/completions,\n"+
@@ -170,7 +175,15 @@ func parseEmulateFlags(args []string, output io.Writer) (emulateConfig, error) {
 		return cfg, err
 	}
 	cfg.server = emulator.Config{Model: model, Profile: p, TimeScale: timeScale, Seed: seed,
-		Faults: faults, APIKey: apiKey, Admin: admin}
+		Faults: faults, APIKey: apiKey, Admin: admin, Disagg: disagg}
+	switch disagg.Role {
+	case "", "prefill", "decode", "both":
+	default:
+		return cfg, fmt.Errorf("--kv-role %q: want prefill, decode or both", disagg.Role)
+	}
+	if !(disagg.LinkBandwidth > 0) || disagg.Hold <= 0 || disagg.BootstrapTimeout <= 0 {
+		return cfg, fmt.Errorf("--kv-link-bandwidth, --kv-hold and --kv-bootstrap-timeout must be positive")
+	}
 	if kvEvents.Endpoint != "" {
 		if kvEvents.Format, err = kvevents.ParseFormat(kvFormat); err != nil {
 			return cfg, err

@@ -24,6 +24,8 @@ type eppConfig struct {
 	grace     time.Duration
 	logLevel  slog.Level
 	gcFloor   int // MiB
+
+	disagg disaggConfig // disaggflags.go: the splitter
 }
 
 // eppGrace is how long requests in flight get on SIGTERM before their
@@ -60,6 +62,7 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 	fs.IntVar(&po.Admission.MaxQueue, "max-queue", 1024, "most requests waiting for room (negative: none, refuse at once)")
 	fs.DurationVar(&po.Admission.QueueTimeout, "queue-timeout", 30*time.Second, "longest wait for room before 429")
 	fs.BoolVar(&po.IncludeUsage, "include-usage", true, "ask backends for the usage chunk of streams that did not, so the policy learns cached tokens (the client sees the chunk)")
+	cfg.disagg.registerSplit(fs) // disaggflags.go: --pd-split, ...
 	fs.DurationVar(&cfg.grace, "grace", eppGrace, "on SIGTERM, how long open streams get to finish")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
 	fs.IntVar(&cfg.gcFloor, "gc-floor-mib", defaultGCFloorMiB, "the heap may grow to this many MiB before the garbage collector runs; above it GOGC applies as usual (0: GOGC alone)")
@@ -125,6 +128,9 @@ func parseEppFlags(args []string, output io.Writer) (eppConfig, error) {
 		return cfg, fmt.Errorf("--gc-floor-mib must not be negative, got %d", cfg.gcFloor)
 	}
 	if _, err := policies.New(sc.Policy, sc.Backends, sc.Router); err != nil {
+		return cfg, err
+	}
+	if po.Splitter, err = cfg.disagg.split(); err != nil { // disaggflags.go
 		return cfg, err
 	}
 	return cfg, nil

@@ -48,6 +48,7 @@ type serveConfig struct {
 	duplicates     []duplicateBackend // dedupe.go: --backend flags dropped, logged at start
 	kvEvents       kvEventsConfig     // kveventsflags.go
 	explain        bool
+	disagg         disaggConfig // disaggflags.go
 }
 
 // stringList is a repeatable string flag.
@@ -90,6 +91,7 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 	registerHardening(fs, &cfg) // hardenflags.go
 	cfg.tracing.register(fs)    // tracingflags.go
 	cfg.kvEvents.register(fs)   // kveventsflags.go
+	cfg.disagg.register(fs)     // disaggflags.go
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: kvroute serve --backend URL [--backend URL ...] [flags]\n\n"+
 			"Serves the OpenAI API and routes every request to the backend where it is predicted to\n"+
@@ -132,6 +134,9 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 		cfg.discovery.fixed = append(cfg.discovery.fixed, ranks...)
 	}
 	if err := dpRanks.unused(cfg.backends); err != nil {
+		return cfg, err
+	}
+	if err := cfg.disagg.addBackends(&cfg); err != nil { // disaggflags.go
 		return cfg, err
 	}
 	if err := cfg.discovery.validate(); err != nil { // discoveryflags.go
@@ -178,6 +183,9 @@ func parseServeFlags(args []string, output io.Writer) (serveConfig, error) {
 		return cfg, err
 	}
 	if _, err := cfg.kvEvents.config(nil); err != nil { // kveventsflags.go
+		return cfg, err
+	}
+	if _, err := cfg.disagg.config(); err != nil { // disaggflags.go
 		return cfg, err
 	}
 	return cfg, nil
@@ -232,6 +240,11 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready chan<- 
 	t.DialContext = (&net.Dialer{Timeout: cfg.connectTimeout, KeepAlive: 30 * time.Second}).DialContext
 	sc.Proxy = cfg.security.proxyConfig(proxy.Config{SessionHeader: cfg.sessionHeader, Logger: log, Transport: t, StdlibUpstream: cfg.stdlibUpstream, NetConnIO: cfg.netConnIO,
 		Resilience: cfg.resilience, Overload: cfg.overload, Explain: cfg.explain})
+	disagg, derr := cfg.disagg.config() // disaggflags.go
+	if derr != nil {
+		return derr
+	}
+	sc.Proxy.Disagg = disagg
 	sc.TLS, sc.MetricsListen, sc.FleetPage = cfg.security.serverTLS, cfg.security.metricsListen, cfg.security.fleetPage
 	kv, err := cfg.kvEvents.config(&http.Client{Transport: t}) // kveventsflags.go
 	if err != nil {

@@ -34,6 +34,8 @@ type simFlags struct {
 	cpuProfile string
 	// hugePages asks for 2 MiB pages for the heap (internal/hugepages).
 	hugePages bool
+	// disagg is the prefill/decode flags (simdisagg.go).
+	disagg simDisagg
 }
 
 // parseSimFlags parses the sim subcommand's flags and loads the workload.
@@ -78,10 +80,12 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 		sf.cfg.SLO, err = results.ParseSLO(v)
 		return err
 	})
+	sf.disagg.register(fs, &sf.cfg) // simdisagg.go
 	fs.BoolVar(&sf.cfg.FullScan, "full-scan", false, "kvroute scores every server on every pick instead of the few that can win (to measure what pruning changes)")
 	fs.BoolVar(&sf.cfg.Text, "text", false, "traces: render prompts as text and tokenize them, as the live bench does (slower)")
 	fs.IntVar(&sf.cfg.KeepRequests, "keep-requests", 100_000, "per-request results kept in results.json (an even sample beyond; -1: all)")
 	fs.DurationVar(&sf.find.SLO, "slo-ttft-p99", 0, "p99 TTFT objective for --find-backends (e.g. 2s)")
+	fs.DurationVar(&sf.find.TPOT, "slo-tpot-p99", 0, "with --find-backends --prefill N: a p99 time-per-output-token objective as well (e.g. 50ms; 0: none)")
 	fs.BoolVar(&findBackend, "find-backends", false, "find, per policy, the smallest fleet whose p99 TTFT meets --slo-ttft-p99")
 	fs.IntVar(&sf.find.Max, "max-backends", 4096, "--find-backends: the largest fleet tried")
 	lf := addLoRAFlags(fs, "servers, for workloads that name adapters (lora)")
@@ -134,6 +138,9 @@ func parseSimFlags(args []string, output io.Writer) (simFlags, error) {
 		return sf, errors.New("--find-backends sizes a fleet of one profile, not a mixed --profile")
 	}
 	if sf.cfg.Policies, err = parsePolicies(policyList, policies.Names(), nil); err != nil {
+		return sf, err
+	}
+	if err := sf.disagg.apply(&sf.cfg); err != nil { // simdisagg.go
 		return sf, err
 	}
 	sf.cfg.Seed = opts.Seed
@@ -189,6 +196,9 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	cfg := sf.cfg
 	cfg.Progress = stderr
 	started := time.Now()
+	if sf.find.SLO > 0 && cfg.Prefill > 0 {
+		return findPD(ctx, stdout, stderr, cfg, sf.find, started) // simdisagg.go
+	}
 	if sf.find.SLO > 0 {
 		fmt.Fprintf(stdout, "kvroute sim --find-backends: %s\n%s servers, %d router replica(s); p99 TTFT objective %v; policies %s\n\n",
 			tiledDescription(cfg), cfg.Profile.Name, cfg.Routers, sf.find.SLO, strings.Join(cfg.Policies, ", "))

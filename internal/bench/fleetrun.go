@@ -67,6 +67,10 @@ type FleetConfig struct {
 	// DataParallel, above 1, makes every emulated server that many
 	// data-parallel ranks, each a backend of the router's (dprank.go).
 	DataParallel int
+	// Prefill is how many of the emulated Backends are prefill servers
+	// (the last ones; disagg.go); a Policy POLICY@SPLITTER splits with
+	// that splitter.
+	Prefill int
 }
 
 // Fleet is a running fleet and its router.
@@ -102,6 +106,8 @@ type Fleet struct {
 	// retired sums, per backend, the counters of the servers Restart
 	// replaced, so that the run's totals span the restart.
 	retired []backendStats
+	// backends and prefill give each emulator its part (disagg.go).
+	backends, prefill int
 }
 
 // emuBackend is one emulated backend's process stand-in.
@@ -156,9 +162,13 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	}
 	// The router as `kvroute serve` runs it, on a loopback port of its own,
 	// its predictions in each response for the report's accuracy.
-	rs, err := server.Start(ctx, server.Config{Backends: backends, Fleet: opts, Policy: cfg.Policy,
+	policy, pd, err := disagg(cfg, backends) // disagg.go
+	if err != nil {
+		return fail(err)
+	}
+	rs, err := server.Start(ctx, server.Config{Backends: backends, Fleet: opts, Policy: policy,
 		Router: policies.Options{Seed: cfg.Seed, KVRoute: cfg.KVRoute}, KVEvents: f.following(cfg.TokenizeTimeout),
-		Proxy:  proxy.Config{Logger: logger, Resilience: scaledTimeouts(cfg), Explain: true},
+		Proxy:  proxy.Config{Logger: logger, Resilience: scaledTimeouts(cfg), Explain: true, Disagg: pd},
 		Listen: "127.0.0.1:0", DrainDelay: -1, Logger: logger})
 	if err != nil {
 		return fail(err)
@@ -209,6 +219,7 @@ func (f *Fleet) emulate(ctx context.Context, cfg FleetConfig, logger *slog.Logge
 	f.emuCfg = emulator.Config{Profile: cfg.Profile, TimeScale: cfg.TimeScale, Seed: cfg.Seed, Logger: logger,
 		LoRA: cfg.LoRA, LoRAModules: cfg.LoRAModules}
 	f.profiles = cfg.Servers
+	f.backends, f.prefill = cfg.Backends, cfg.Prefill
 	if cfg.DataParallel > 1 {
 		return f.emulateRanks(ctx, cfg) // dprank.go
 	}
@@ -217,7 +228,9 @@ func (f *Fleet) emulate(ctx context.Context, cfg FleetConfig, logger *slog.Logge
 		if cfg.KVEvents {
 			events = kvevents.Source{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0"}
 		}
-		s, err := emulator.New(f.emulatorConfig(i, events))
+		ec := f.emulatorConfig(i, events)
+		ec.Disagg = f.roleOf(i) // disagg.go
+		s, err := emulator.New(ec)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -362,7 +375,9 @@ func (f *Fleet) Restart(i int) error {
 	if b.srv != nil {
 		return nil
 	}
-	s, err := emulator.New(f.emulatorConfig(i, b.events))
+	ec := f.emulatorConfig(i, b.events)
+	ec.Disagg = f.roleOf(i) // disagg.go
+	s, err := emulator.New(ec)
 	if err != nil {
 		return err
 	}

@@ -82,6 +82,9 @@ type Config struct {
 	Progress io.Writer
 	// Logger receives the components' logs; nil discards them.
 	Logger *slog.Logger
+	// Prefill is FleetConfig.Prefill: how many of the Backends are
+	// prefill servers; each policy is then POLICY@SPLITTER.
+	Prefill int
 }
 
 // blockTokens is the block size the bounds are computed with: vLLM's.
@@ -164,7 +167,7 @@ func runOnce(ctx context.Context, cfg Config, policy string, sessions []workload
 		Backends:    cfg.Backends, Profile: cfg.Profile, Servers: cfg.Servers, TimeScale: cfg.TimeScale,
 		Policy: policy, Seed: cfg.Seed, Logger: cfg.Logger,
 		KVRoute:  kvroute.Config{Objective: cfg.Objective, SLO: kvroute.SLO{TTFT: cfg.SLO.TTFT, TPOT: cfg.SLO.TPOT}},
-		KVEvents: cfg.KVEvents, TokenizeTimeout: cfg.TokenizeTimeout,
+		KVEvents: cfg.KVEvents, TokenizeTimeout: cfg.TokenizeTimeout, Prefill: cfg.Prefill,
 		LoRA: cfg.LoRA, LoRAModules: loraModules(cfg), DataParallel: cfg.DataParallel,
 	})
 	if err != nil {

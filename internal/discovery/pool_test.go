@@ -3,6 +3,7 @@ package discovery
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -251,5 +252,32 @@ func TestValidatePool(t *testing.T) {
 		if err := ValidatePool(c[0], c[1]); !errors.Is(err, ErrInvalidPool) {
 			t.Errorf("ValidatePool(%q, %q) = %v, want ErrInvalidPool", c[0], c[1], err)
 		}
+	}
+}
+
+// TestPoolRoles reads each pod's prefill/decode role from llm-d's label.
+func TestPoolRoles(t *testing.T) {
+	role := func(r string) map[string]string { return map[string]string{"app": "vllm", fleet.RoleLabel: r} }
+	dc, cs := poolClients([]*unstructured.Unstructured{inferencePool("llama", map[string]any{"app": "vllm"}, 8000)},
+		testPod{name: "p-0", ip: "10.0.0.1", labels: role("prefill")},
+		testPod{name: "d-0", ip: "10.0.0.2", labels: role("decode")},
+		testPod{name: "b-0", ip: "10.0.0.3", labels: map[string]string{"app": "vllm"}},
+	)
+	d, err := New(Config{Pool: &Pool{Namespace: "ai", Name: "llama", Dynamic: dc, Core: cs, Resync: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	bs, err := d.Resolve(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]fleet.Role{}
+	for _, b := range bs {
+		got[b.Name] = b.Role()
+	}
+	want := map[string]fleet.Role{"p-0": fleet.RolePrefill, "d-0": fleet.RoleDecode, "b-0": fleet.RoleBoth}
+	if !maps.Equal(got, want) {
+		t.Errorf("roles %v, want %v", got, want)
 	}
 }

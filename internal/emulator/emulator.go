@@ -101,6 +101,9 @@ type Config struct {
 	// LoRAModules from the start, more through /v1/load_lora_adapter.
 	LoRA        *engine.LoRA
 	LoRAModules []LoRAModule
+	// Disagg is the server's part in prefill/decode disaggregation
+	// (disagg.go); the zero value has no KV connector.
+	Disagg Disagg
 }
 
 // Server is one emulated vLLM server: an http.Handler for the OpenAI API plus
@@ -141,6 +144,8 @@ type Server struct {
 	kv *kvEvents
 	// lora is the registered LoRA adapters; nil when LoRA is off (lora.go).
 	lora *adapters
+	// pd is the prefill/decode disaggregation state (disagg.go).
+	pd *pd
 
 	wake    chan struct{} // cap 1: work arrived or left
 	stopped chan struct{} // closed when Run returns
@@ -255,6 +260,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("emulator: LoRA modules need LoRA on")
 	}
 	s.metrics = newMetrics(s, newDCGMCollector(s, gpuID), newLoRACollector(s))
+	if s.pd, err = newPD(cfg.Disagg, s.metrics.reg, model); err != nil {
+		return nil, err
+	}
 	if cfg.KVEvents != nil {
 		pub, err := kvevents.NewPublisher(*cfg.KVEvents)
 		if err != nil {

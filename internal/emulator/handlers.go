@@ -84,6 +84,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		s.notFound(w, r)
 	default:
+		if id, ok := strings.CutPrefix(r.URL.Path, nixlPath); ok && id != "" {
+			if allow(w, r, http.MethodGet) {
+				s.handleNixl(w, r, id) // disagg.go
+			}
+			return
+		}
+		if id, ok := strings.CutPrefix(r.URL.Path, bootstrapPath); ok && id != "" {
+			if allow(w, r, http.MethodGet) {
+				s.handleBootstrap(w, r, id) // bootstrap.go
+			}
+			return
+		}
 		// A stored response, GET /v1/responses/{id} (responses.go).
 		if id, ok := strings.CutPrefix(r.URL.Path, "/v1/responses/"); ok && id != "" && !strings.Contains(id, "/") {
 			if allow(w, r, http.MethodGet, http.MethodHead) {
@@ -144,6 +156,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x.faults = f
+	if !s.withParams(w, r, x, req.KVTransferParams, req.bootstrap) { // disagg.go
+		return
+	}
 	s.serve(w, r, x, prompt, pos, "messages")
 }
 
@@ -169,6 +184,9 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x.faults = f
+	if !s.withParams(w, r, x, req.KVTransferParams, req.bootstrap) { // disagg.go
+		return
+	}
 	// A prompt that ends in a reply under way (a cut completion re-sent
 	// with its text so far) continues that reply.
 	s.serve(w, r, x, prompt, tokenizer.ReplyStart(s.seed, prompt), "prompt")
@@ -195,6 +213,11 @@ type exchange struct {
 	// model is the model the response names: the served one, or the LoRA
 	// adapter the request named (adapter, else empty).
 	model, adapter string
+	// kv are the request's kv_transfer_params, nil for none; host is the
+	// address its client reached this server at (disagg.go).
+	kv   *kvParams
+	host string
+	boot *bootstrap // SGLang's (bootstrap.go)
 }
 
 // modelNotFound is vLLM's error for a model it does not serve.
@@ -249,6 +272,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, x *exchange, prom
 		return
 	}
 	s.runUnder(c, x.adapter)
+	if e := s.remoteKV(r.Context(), c, x); e != nil { // bootstrap.go
+		writeError(w, e)
+		return
+	}
 	if err := s.submit(c); err != nil {
 		writeError(w, submitError(err))
 		return
@@ -321,6 +348,8 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x 
 	h.Set(HeaderModelLatency, seconds(c.latency))
 	u := c.usage()
 	reason := c.finishReason()
+	kv := s.hold(c, x.kv, x.id, x.host) // disagg.go
+	s.roomDone(c, x.boot)               // bootstrap.go
 	switch {
 	case x.responses:
 		writeJSON(w, http.StatusOK, s.response(x, c, true)) // responses.go
@@ -334,12 +363,16 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, c *call, x 
 				FinishReason: reason,
 			}},
 			Usage: u,
+
+			KVTransferParams: kv,
 		})
 	default:
 		writeJSON(w, http.StatusOK, textCompletion{
 			ID: x.id, Object: "text_completion", Created: x.created, Model: x.model,
 			Choices: []textChoice{{Text: text, FinishReason: reason}},
 			Usage:   u,
+
+			KVTransferParams: kv,
 		})
 	}
 	return true
@@ -489,6 +522,8 @@ type (
 		Model   string       `json:"model"`
 		Choices []chatChoice `json:"choices"`
 		Usage   usage        `json:"usage"`
+		// KVTransferParams are a prefill's (disagg.go).
+		KVTransferParams *kvParams `json:"kv_transfer_params,omitempty"`
 	}
 	chatChoice struct {
 		Index        int       `json:"index"`
@@ -509,6 +544,8 @@ type (
 		Model   string       `json:"model"`
 		Choices []textChoice `json:"choices"`
 		Usage   usage        `json:"usage"`
+		// KVTransferParams are a prefill's (disagg.go).
+		KVTransferParams *kvParams `json:"kv_transfer_params,omitempty"`
 	}
 	textChoice struct {
 		Index        int       `json:"index"`

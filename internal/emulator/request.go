@@ -37,6 +37,11 @@ type chatRequest struct {
 	StreamOptions        *streamOptions `json:"stream_options"`
 	AddGenerationPrompt  *bool          `json:"add_generation_prompt"`
 	ContinueFinalMessage bool           `json:"continue_final_message"`
+
+	// KVTransferParams are vLLM's disaggregation parameters (disagg.go),
+	// bootstrap SGLang's (bootstrap.go).
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	bootstrap
 }
 
 // chatMessage is one message; content is a string, an array of parts or null.
@@ -54,6 +59,10 @@ type completionRequest struct {
 	N             *int            `json:"n"`
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
+	// KVTransferParams are vLLM's disaggregation parameters (disagg.go),
+	// bootstrap SGLang's (bootstrap.go).
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	bootstrap
 }
 
 // chatRoles are the message roles the OpenAI chat API defines.

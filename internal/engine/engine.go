@@ -415,6 +415,10 @@ func (e *Engine) admit(r *Request, budget int) bool {
 		hits, idle = e.kv.lookup(r.BlockHashes[:maxHit])
 		computed = hits * e.p.BlockSize
 	}
+	local := computed
+	if remote := min(r.RemoteTokens, r.PromptLen-1); remote > computed && e.slots == nil {
+		computed = remote // pulled from the prefill server, not computed (RemoteTokens)
+	}
 	n := min(r.numTokens()-computed, budget)
 	need := ceilDiv(computed+n, e.p.BlockSize) - hits
 	if e.kv.free-idle < need {
@@ -433,9 +437,12 @@ func (e *Engine) admit(r *Request, budget int) bool {
 		r.admitted = true
 		r.CachedTokens = computed
 		e.stats.PrefixQueries += int64(r.PromptLen)
-		e.stats.PrefixHits += int64(min(computed, r.PromptLen))
+		e.stats.PrefixHits += int64(min(local, r.PromptLen))
 	}
 	e.grow(r, n, need)
+	if computed > local {
+		e.publish(r, local, computed) // the pulled blocks are cached as computed ones
+	}
 	r.State = StateRunning
 	e.running = append(e.running, r)
 	e.sched = append(e.sched, r)

@@ -51,6 +51,13 @@ type Request struct {
 	// number for it); 0 is the base model. The caller seeds BlockHashes
 	// with the adapter (SeedHashes).
 	Adapter int32
+	// RemoteTokens are the prompt tokens whose KV was computed by another
+	// server and pulled here (a disaggregated decode, vLLM's
+	// do_remote_prefill): at admission they count as computed beyond the
+	// local prefix hits, and their blocks are allocated and published
+	// without compute. At most PromptLen-1: the last prompt token is
+	// computed here, to sample from.
+	RemoteTokens int
 
 	// Arrival is when Add was called, in the engine's clock.
 	Arrival time.Duration

@@ -109,6 +109,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock of TTFT and latency; nil means time.Now.
 	Now func() time.Time
+	// Splitter decides which requests to endpoints of role decode or both
+	// are prefilled first on a prefill endpoint, named to llm-d's sidecar
+	// in HeaderPrefiller (disagg.go); nil never splits.
+	Splitter router.Splitter
 }
 
 // Picker is the ext_proc service. Safe for concurrent use: each stream has
@@ -124,6 +128,8 @@ type Picker struct {
 	log     *slog.Logger
 	now     func() time.Time
 	metrics *metrics
+	// prefillRouter counts the prefill legs (disagg.go).
+	prefillRouter *router.Router
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Picker)(nil)
@@ -147,7 +153,7 @@ func New(opts Options) (*Picker, error) {
 		return nil, err
 	}
 	p := &Picker{fleet: opts.Fleet, router: opts.Router, queue: q, opts: opts,
-		log: opts.Logger, now: opts.Now, metrics: newMetrics(opts.Admission.Registerer)}
+		log: opts.Logger, now: opts.Now, metrics: newMetrics(opts.Admission.Registerer), prefillRouter: newPrefillRouter()}
 	if p.log == nil {
 		p.log = slog.Default()
 	}

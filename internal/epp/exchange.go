@@ -44,6 +44,11 @@ type exchange struct {
 	start    time.Time
 	stream   bool
 	finished bool
+	// The prefill/decode split (disagg.go): the prefill endpoints, the one
+	// chosen (ip:port, "" for none) and its leg's count.
+	prefills []*fleet.Backend
+	prefill  string
+	pt       *router.Ticket
 
 	// The response.
 	status int
@@ -110,6 +115,7 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) (done bool, err erro
 			if x.t != nil {
 				x.t.FirstToken()
 			}
+			x.endPrefill() // disagg.go
 		}
 		// Echo before finishing: the client's bytes come first.
 		out := b.GetBody()
@@ -230,7 +236,7 @@ func (x *exchange) decide(hasBody, eos bool) (done bool, err error) {
 	}
 	req := &g.Request
 	x.p.router.Estimate(req)
-	cands := x.candidates(req.Model)
+	cands := x.withRoles(x.candidates(req.Model)) // disagg.go
 	if len(cands) == 0 {
 		return true, x.refuse(noEndpoint("no endpoint in rotation serves model %q", req.Model), "1", "no_endpoint")
 	}
@@ -268,6 +274,7 @@ func (x *exchange) decide(hasBody, eos bool) (done bool, err error) {
 		return true, status.Errorf(codes.Internal, "routing policy %s failed: %v", x.p.router.Name(), err)
 	}
 	x.t, x.release, x.start, x.stream = t, release, t0, g.Stream
+	x.split(req, t) // disagg.go
 	body := x.body
 	// A Responses API stream ends with its usage (response.completed), a
 	// Messages API stream has it in message_start and message_delta; neither
@@ -321,7 +328,7 @@ func (x *exchange) reply(list []string, body []byte, hasBody, eos bool) error {
 		header = list[0]
 	}
 	x.replied = true
-	if err := x.srv.Send(destinationReply(header, list, len(body), hasBody, x.newPath)); err != nil {
+	if err := x.srv.Send(x.withPrefiller(destinationReply(header, list, len(body), hasBody, x.newPath))); err != nil { // disagg.go
 		return err
 	}
 	if !hasBody {
@@ -421,6 +428,7 @@ func (x *exchange) finish(ok bool) {
 
 // done gives the admission slot back.
 func (x *exchange) done() {
+	x.endPrefill() // disagg.go
 	if x.release != nil {
 		x.release()
 		x.release = nil

@@ -131,6 +131,10 @@ type exchangeResult struct {
 	upstream   []byte
 	path       string
 	dropLength bool
+	// prefiller is the HeaderPrefiller the reply set; removed the headers
+	// it removed (disagg.go).
+	prefiller string
+	removed   []string
 }
 
 func hv(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }
@@ -204,8 +208,11 @@ func (e *envoy) do(ctx context.Context, path string, headers map[string]string, 
 			contentLength, _ = strconv.Atoi(string(hdr.GetRawValue()))
 		case ":path":
 			res.path = string(hdr.GetRawValue())
+		case HeaderPrefiller:
+			res.prefiller = string(hdr.GetRawValue())
 		}
 	}
+	res.removed = hr.GetResponse().GetHeaderMutation().GetRemoveHeaders()
 	lb := m.GetDynamicMetadata().GetFields()[MetadataNamespace].GetStructValue()
 	if lb == nil {
 		return res, errors.New("no envoy.lb dynamic metadata")

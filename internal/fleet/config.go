@@ -47,6 +47,12 @@ type fileConfig struct {
 		// DPRanks, above 1, makes the backend that many data-parallel
 		// ranks behind one URL (rank.go).
 		DPRanks int `yaml:"dp_ranks"`
+		// Role is the backend's part in prefill/decode disaggregation
+		// (role.go): prefill, decode or both (the default).
+		Role string `yaml:"role"`
+		// BootstrapPort is a prefill server's SGLang bootstrap port
+		// (role.go); 0 for vLLM's wire.
+		BootstrapPort int `yaml:"bootstrap_port"`
 	} `yaml:"backends"`
 	// yaml.v3 parses time.Duration from strings such as "500ms" and rejects
 	// bare numbers, which would be ambiguous.
@@ -62,6 +68,8 @@ type fileConfig struct {
 //	    api_key_env: GPU_A_KEY     # or api_key: KEY; sent as Authorization: Bearer
 //	    gpu_metrics_url: http://10.0.0.5:9400/metrics  # optional: its DCGM exporter
 //	    gpu_pod: vllm-a-0          # optional: only that pod's GPUs on the exporter
+//	    role: decode               # optional: prefill, decode or both (the default)
+//	    bootstrap_port: 8998       # optional: a prefill server's SGLang bootstrap port
 //	  - url: http://127.0.0.1:8002
 //	scrape_interval: 1s
 //	health_interval: 1s
@@ -120,6 +128,14 @@ func parseConfig(data []byte) (Config, error) {
 			return Config{}, fmt.Errorf("%w: backend %d: %w", ErrInvalidConfig, i+1, err)
 		}
 		b.GPUPod = e.GPUPod
+		role, err := ParseRole(e.Role)
+		if err != nil {
+			return Config{}, fmt.Errorf("%w: backend %d: %w", ErrInvalidConfig, i+1, err)
+		}
+		b.SetRole(role)
+		if err := b.SetBootstrapPort(e.BootstrapPort); err != nil {
+			return Config{}, fmt.Errorf("%w: backend %d: %w", ErrInvalidConfig, i+1, err)
+		}
 		b.Index = len(cfg.Backends)
 		ranks, err := ExpandRanks(b, e.DPRanks)
 		if err != nil {

@@ -32,7 +32,9 @@ func (f *Fleet) WatchLoad(fn func(*Backend)) {
 // identity is what makes a backend the same one across updates: its name,
 // its URL and the key it is sent. A backend whose URL or key changes is a
 // new backend that starts cold.
-func identity(b *Backend) string { return b.Name + "\x00" + endpoint(b) + "\x00" + string(b.APIKey) }
+func identity(b *Backend) string {
+	return b.Name + "\x00" + endpoint(b) + "\x00" + string(b.APIKey) + "\x00" + b.Role().String() // a relabelled pod takes another part
+}
 
 // Update makes backends the fleet's members, in that order, and returns the
 // backends it added and removed.

@@ -55,6 +55,12 @@ type call struct {
 	// ids, for a Responses API request, maps its response ids between the
 	// backend and the client (responseid.go); nil for others.
 	ids *responseIDs
+	// prefills are the prefill servers a chat or completion request may be
+	// prefilled on first (disagg.go); nil when there are none. whole is
+	// the body without SGLang's bootstrap room (sglang.go), which a retry
+	// goes back to.
+	prefills []*fleet.Backend
+	whole    []byte
 }
 
 // forward sends c to a backend picked among cands and copies the response
@@ -82,6 +88,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call, cands [
 		}
 		if n == 1 && !c.held && p.missesDeadline(w, t, c.deadline) {
 			return
+		}
+		if n == 1 && c.prefills != nil {
+			p.disaggregate(r, c, t) // disagg.go: the prefill leg, before the decode's attempt
+		} else if c.whole != nil {
+			c.body, c.whole = c.whole, nil // sglang.go: the room was the first decode server's
 		}
 		more := n < p.res.MaxAttempts && len(cands) > 1
 		c.holdable = c.req != nil && !c.held

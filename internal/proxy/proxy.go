@@ -154,6 +154,8 @@ type Config struct {
 	// TracerProvider, when not nil, traces every proxied request
 	// (tracing.go); nil means no tracing, at no cost.
 	TracerProvider trace.TracerProvider
+	// Disagg configures prefill/decode disaggregation (disagg.go).
+	Disagg Disagg
 }
 
 // Proxy is the HTTP handler of the OpenAI API in front of the fleet. It is
@@ -162,6 +164,12 @@ type Proxy struct {
 	fleet  Fleet
 	router *router.Router
 	byLoad *router.Router // embeddings and other endpoints
+
+	// disagg, prefillRouter and dmetrics drive the prefill legs (disagg.go).
+	disagg        Disagg
+	prefillRouter *router.Router
+	dmetrics      *disaggMetrics
+
 	res    Resilience
 	budget retryBudget
 	over   Overload
@@ -244,6 +252,8 @@ func New(cfg Config) (*Proxy, error) {
 	// Requests that are not chat or completions go to the least loaded
 	// candidate, ties broken by Config.Rand.
 	p.byLoad = router.NewRouter(baseline.NewLeastRequestRand(p.rand), nil)
+	p.prefillRouter = router.NewRouter(baseline.NewLeastRequestRand(p.rand), nil)
+	p.disagg = cfg.Disagg.withDefaults()
 	p.res = cfg.Resilience.withDefaults()
 	p.budget.ratio, p.budget.min, p.budget.now = p.res.RetryBudget, int64(p.res.RetryBudgetMin), p.now
 	p.stop, p.stopAll = context.WithCancel(context.Background())
@@ -264,6 +274,9 @@ func New(cfg Config) (*Proxy, error) {
 	p.reg = reg
 	var err error
 	if p.metrics, err = newMetrics(reg, cfg.Fleet); err != nil {
+		return nil, err
+	}
+	if p.dmetrics, err = newDisaggMetrics(reg); err != nil {
 		return nil, err
 	}
 	if lean, ok := p.transport.(*upstream.Lean); ok {

@@ -64,6 +64,7 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep reque
 		p.rejectFor(w, e, g.Request.Model)
 		return
 	}
+	cands = withRoles(c, cands) // disagg.go: prefill servers apart
 	cands, release, ok := p.admitGeneration(w, r, entry, cands, g.Request.Model)
 	if !ok {
 		return

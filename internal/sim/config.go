@@ -9,6 +9,7 @@ import (
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/results"
 	"github.com/kvroute/kvroute/internal/router/kvroute"
+	"github.com/kvroute/kvroute/internal/router/policies"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -112,6 +113,15 @@ type Config struct {
 	// the few that can win (kvroute.Config.FullScan), to measure
 	// what pruning changes.
 	FullScan bool
+	// Prefill is how many of the Backends are prefill servers (the last
+	// ones); 0 means none, an aggregated fleet. A policy named
+	// POLICY@SPLITTER splits with that splitter (policies.NewSplitter;
+	// default priced).
+	Prefill int
+	// Split tunes the splitters; LinkBandwidth is the KV transfer's
+	// bytes/s (0: DefaultLinkBandwidth).
+	Split         policies.SplitOptions
+	LinkBandwidth float64
 
 	// DataParallel, above 1, groups the Backends engines into servers of
 	// that many data-parallel ranks, named gpuI/dpR as kvroute serve

@@ -31,6 +31,9 @@ const (
 	// evPush delivers the oldest replica count change in flight to the
 	// other replicas (Config.GossipPush).
 	evPush
+	// evTransferred queues flight idx on its decode server, its KV moved
+	// from the prefill server (disagg.go).
+	evTransferred
 )
 
 // event is one thing to happen at a moment of virtual time. Events at the

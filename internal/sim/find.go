@@ -12,6 +12,9 @@ import (
 type FindConfig struct {
 	// SLO is the p99 TTFT objective.
 	SLO time.Duration
+	// TPOT, when set, is a p99 time-per-output-token objective as well
+	// (FindXPYD).
+	TPOT time.Duration
 	// Max is the largest fleet tried (default 4,096).
 	Max int
 }

@@ -66,6 +66,8 @@ func (s *simulation) run(ctx context.Context) error {
 			s.kv.deliver(int(ev.idx))
 		case evPush:
 			s.push.deliver()
+		case evTransferred:
+			s.transferred(ev.idx) // disagg.go
 		}
 	}
 	return nil
@@ -152,6 +154,12 @@ func (s *simulation) endStep(i int) {
 	} else {
 		for _, r := range sv.res.Tokens {
 			f := s.flights[r.ID]
+			if f.parent != nil { // a prefill leg (disagg.go)
+				if r.State == engine.StateFinished {
+					s.prefilled(f)
+				}
+				continue
+			}
 			if r.Output == 1 {
 				f.first = s.now
 				f.t.FirstToken()

@@ -30,6 +30,8 @@ type flight struct {
 	first   time.Duration
 	reply   string // text mode: the reply the client appends to its next turn
 	hashes  []uint64
+	// parent is set on a prefill leg: the flight it prefills (disagg.go).
+	parent *flight
 }
 
 // convo is a session's conversation so far, in text mode: the messages as
@@ -111,7 +113,7 @@ func (s *simulation) newFlight() *flight {
 }
 
 func (s *simulation) release(f *flight) {
-	f.rreq, f.t, f.reply = router.Request{}, nil, ""
+	f.rreq, f.t, f.reply, f.parent = router.Request{}, nil, "", nil
 	s.free = append(s.free, int32(f.req.ID))
 }
 
@@ -164,7 +166,7 @@ func (s *simulation) send(i int) {
 	if s.kv != nil {
 		s.kv.routing(f.hashes, f.req.PromptLen)
 	}
-	t, err := rep.router.Route(&f.rreq, rep.candidates(f.rreq.Model))
+	t, err := rep.router.Route(&f.rreq, s.decoders(rep, f.rreq.Model)) // disagg.go: the decode servers of its model
 	if err != nil {
 		s.fail(f, 0, err)
 		return
@@ -176,6 +178,9 @@ func (s *simulation) send(i int) {
 	sv := &s.servers[t.Backend.Index]
 	if f.req.PromptLen+f.req.MaxTokens > s.cfg.serverProfile(t.Backend.Index).MaxModelLen {
 		s.fail(f, http.StatusBadRequest, errTooLong)
+		return
+	}
+	if s.pd != nil && s.prefillFirst(f) { // disagg.go
 		return
 	}
 	s.cut(t.Backend.Index)

@@ -92,6 +92,7 @@ type simulation struct {
 	kv          *kvFeed  // the servers' KV events; nil without Config.KVEvents
 	adapters    adapters // the workload's LoRA adapters (lora.go)
 	push        *pushFeed
+	pd          *pdState // the prefill pool; nil without Config.Prefill (disagg.go)
 }
 
 // sessionRef is one session of the (tiled) workload.
@@ -104,7 +105,13 @@ type sessionRef struct {
 // newSimulation builds the fleet and the router replicas of one policy's
 // run, at virtual time 0.
 func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, error) {
+	policy, splitter := splitPolicy(policy) // disagg.go
+	pd, err := newPD(cfg, splitter)
+	if err != nil {
+		return nil, err
+	}
 	s := &simulation{
+		pd:       pd,
 		cfg:      cfg,
 		text:     !tokenMode(cfg),
 		bounds:   withBounds,
@@ -149,6 +156,9 @@ func newSimulation(cfg Config, policy string, withBounds bool) (*simulation, err
 	}
 	if cfg.GossipPush > 0 && cfg.Routers > 1 {
 		s.push = newPushFeed(s)
+	}
+	if s.pd != nil {
+		s.setupPD() // disagg.go
 	}
 	s.order = newOrder(cfg)
 	total := cfg.Tile * cfg.Workload.Requests()

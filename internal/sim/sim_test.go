@@ -200,6 +200,7 @@ func TestCoastingChangesNothing(t *testing.T) {
 	configs := []Config{
 		{Workload: chatWorkload(t, 40), Backends: 3, Routers: 2, Policies: []string{"kvroute", "least-request"}, Profile: profile(t)},
 		{Workload: traceWorkload(300, 50*time.Millisecond), Backends: 4, Policies: []string{"kvroute", "round-robin"}, Profile: profile(t)},
+		{Workload: chatWorkload(t, 40), Backends: 4, Prefill: 1, Policies: []string{"kvroute@priced", "kvroute@always"}, Profile: profile(t)},
 	}
 	if !raceEnabled {
 		// The real trace on 64 servers (7,344 requests), with 16- and
