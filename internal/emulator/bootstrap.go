@@ -2,7 +2,6 @@ package emulator
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -126,31 +125,14 @@ func (s *Server) meet(ctx context.Context, c *call, b *bootstrap) (int, *openai.
 	return tokens, s.transfer(ctx, tokens)
 }
 
-// wait reads the prefill server's answer for a room.
+// wait reads the prefill server's answer for a room, as long as ctx lets
+// it wait for the room's prefill.
 func (p *pd) wait(ctx context.Context, u string, prompt uint64) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	n, err := heldAt(ctx, http.DefaultClient, u, prompt)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("prefill server: %w", err)
 	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("prefill server answered %d", res.StatusCode)
-	}
-	var h struct {
-		Tokens int    `json:"tokens"`
-		Prompt string `json:"prompt"`
-	}
-	if err := json.NewDecoder(res.Body).Decode(&h); err != nil {
-		return 0, err
-	}
-	if h.Prompt != strconv.FormatUint(prompt, 16) {
-		return 0, fmt.Errorf("the room holds another prompt's KV")
-	}
-	return h.Tokens, nil
+	return n, nil
 }
 
 // transfer waits the modelled transfer of tokens' KV over the link and

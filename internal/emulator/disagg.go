@@ -3,6 +3,7 @@ package emulator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -173,17 +174,27 @@ func (p *pd) fetch(ctx context.Context, kp *kvParams, prompt uint64) (int, error
 	}
 	u := url.URL{Scheme: "http", Host: net.JoinHostPort(*kp.RemoteHost, strconv.Itoa(*kp.RemotePort)),
 		Path: nixlPath + kp.RemoteRequestID, RawQuery: url.Values{"engine": {*kp.RemoteEngineID}}.Encode()}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	n, err := heldAt(ctx, p.client, u.String(), prompt)
+	if err != nil {
+		return 0, fmt.Errorf("prefill server %s: %w", u.Host, err)
+	}
+	return n, nil
+}
+
+// heldAt asks the prefill server at u (its side channel for a request, or
+// a bootstrap room) how many tokens of prompt's KV it holds.
+func heldAt(ctx context.Context, client *http.Client, u string, prompt uint64) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return 0, err
 	}
-	res, err := p.client.Do(req)
+	res, err := client.Do(req)
 	if err != nil {
 		return 0, err
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("prefill server %s answered %d", u.Host, res.StatusCode)
+		return 0, fmt.Errorf("answered %d", res.StatusCode)
 	}
 	var h struct {
 		Tokens int    `json:"tokens"`
@@ -193,7 +204,7 @@ func (p *pd) fetch(ctx context.Context, kp *kvParams, prompt uint64) (int, error
 		return 0, err
 	}
 	if h.Prompt != strconv.FormatUint(prompt, 16) {
-		return 0, fmt.Errorf("prefill server %s holds another prompt's KV", u.Host)
+		return 0, errors.New("it holds another prompt's KV")
 	}
 	return h.Tokens, nil
 }
