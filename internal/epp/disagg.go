@@ -33,6 +33,19 @@ func (x *exchange) withRoles(cands []*fleet.Backend) []*fleet.Backend {
 	return decoders
 }
 
+// priceSplit gives req's pick the price of its way through the prefill
+// endpoints when the splitter prices one (router.SplitPricer), so that the
+// policy chooses the decode endpoint of a request that will split for the
+// split.
+func (x *exchange) priceSplit(req *router.Request) {
+	sp, ok := x.p.opts.Splitter.(router.SplitPricer)
+	if !ok || len(x.prefills) == 0 {
+		return
+	}
+	x.p.router.Estimate(req)
+	req.SplitTTFT = sp.SplitTTFT(req, x.prefills)
+}
+
 // split asks the splitter whether req, routed to t's decode endpoint, is
 // prefilled first on a prefill endpoint; if so it names it for the reply's
 // HeaderPrefiller and counts the leg there until the response's first

@@ -259,6 +259,7 @@ func (x *exchange) decide(hasBody, eos bool) (done bool, err error) {
 	if len(room) == 0 {
 		room = cands // counts moved since canRun: the policy's bound decides
 	}
+	x.priceSplit(req) // disagg.go
 	t0 := x.p.now()
 	t, err := x.p.router.Route(req, room)
 	x.p.metrics.decision.Observe(x.p.now().Sub(t0).Seconds())

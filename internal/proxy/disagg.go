@@ -102,6 +102,20 @@ func withRoles(c *call, cands []*fleet.Backend) []*fleet.Backend {
 	return decoders
 }
 
+// priceSplit gives c's pick the price of its way through the prefill pool
+// when the splitter prices one (router.SplitPricer), so that the policy
+// chooses the decode server of a request that will split for the split.
+// A retry, which has no prefill pool left (disaggregate), is priced whole.
+func (p *Proxy) priceSplit(c *call) {
+	c.req.SplitTTFT = 0
+	sp, ok := p.disagg.Splitter.(router.SplitPricer)
+	if !ok || len(c.prefills) == 0 {
+		return
+	}
+	p.router.Estimate(c.req)
+	c.req.SplitTTFT = sp.SplitTTFT(c.req, c.prefills)
+}
+
 // disaggregate asks the splitter whether c, routed to t's decode server,
 // goes through the prefill pool; if so it sends the prefill leg (another
 // prefill server when one fails) and gives c's body the KV transfer

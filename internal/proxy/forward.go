@@ -148,6 +148,7 @@ func (p *Proxy) route(c *call, cands []*fleet.Backend) (*router.Ticket, *apiErro
 		}
 		return t, nil
 	}
+	p.priceSplit(c) // disagg.go
 	t0 := p.now()
 	t, err := p.router.Route(c.req, cands)
 	p.metrics.decision.Observe(p.now().Sub(t0).Seconds())

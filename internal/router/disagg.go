@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 )
@@ -16,6 +17,15 @@ import (
 type Splitter interface {
 	Name() string
 	Split(req *Request, d *Decision, prefills []*fleet.Backend, intN func(int) int) *fleet.Backend
+}
+
+// A SplitPricer is a Splitter that also prices the request's way through
+// the prefill pool before the policy picks its decode server: SplitTTFT
+// returns its predicted time to first token through the cheapest of
+// prefills, for Request.SplitTTFT. The rules of thumb do not price.
+type SplitPricer interface {
+	Splitter
+	SplitTTFT(req *Request, prefills []*fleet.Backend) time.Duration
 }
 
 // Split rules' defaults, from the peers' own: Dynamo prefills locally up to

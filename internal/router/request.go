@@ -3,6 +3,7 @@ package router
 import (
 	"encoding/binary"
 	"math"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/prefix"
 )
@@ -54,6 +55,13 @@ type Request struct {
 	// A policy's prefix index uses them instead of hashing Prompt.
 	TokenBlocks    []uint64
 	TokenBlockSize int
+
+	// SplitTTFT, when positive, is the request's predicted time to first
+	// token through the prefill pool (its cheapest prefill server, the KV
+	// transfer and a decode step), which a priced splitter (SplitPricer)
+	// sets before the pick so that a policy can choose the decode server
+	// for the cheaper of the two ways (docs/decisions/0020-priced-pd-split.md).
+	SplitTTFT time.Duration
 }
 
 // TokenBytes is the bytes of prompt text a token stands for in the prefix

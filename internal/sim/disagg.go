@@ -92,6 +92,18 @@ func (s *simulation) decoders(rep *replica, model string) []*fleet.Backend {
 	return rep.backends[:s.pd.decoders]
 }
 
+// priceSplit gives f's pick the price of its way through the prefill pool
+// when the splitter prices one, so that the policy chooses the decode
+// server for the cheaper way in.
+func (s *simulation) priceSplit(f *flight) {
+	if s.pd == nil {
+		return
+	}
+	if sp, ok := s.pd.splitter.(router.SplitPricer); ok {
+		f.rreq.SplitTTFT = sp.SplitTTFT(&f.rreq, s.replicas[f.replica].backends[s.pd.decoders:])
+	}
+}
+
 // prefillFirst asks the splitter whether f, routed to its decode server,
 // is prefilled on a prefill server first; if so it queues the prefill leg
 // there and reports true: f enters its decode server once the leg is done

@@ -166,6 +166,7 @@ func (s *simulation) send(i int) {
 	if s.kv != nil {
 		s.kv.routing(f.hashes, f.req.PromptLen)
 	}
+	s.priceSplit(f)                                                    // disagg.go
 	t, err := rep.router.Route(&f.rreq, s.decoders(rep, f.rreq.Model)) // disagg.go: the decode servers of its model
 	if err != nil {
 		s.fail(f, 0, err)

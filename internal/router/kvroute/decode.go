@@ -260,7 +260,7 @@ func (s *streamCost) cost(i int, c *candidate, l fleet.Load) float64 {
 		return 0
 	}
 	kv, n := float64(l.DecodeTokens), float64(l.Requests)
-	per := c.decodeSlow * s.fit.perToken(kv+s.need, n+1, s.shares[i])
+	per := s.perToken(i, c, l)
 	grow := s.need/kvUnit*s.fit.perKV + s.fit.perSeq/seqUnit
 	if s.slo != nil {
 		s.tpot[i] = per
@@ -275,6 +275,18 @@ func (s *streamCost) cost(i int, c *candidate, l fleet.Load) float64 {
 	}
 	st := stalled(n, s.typical, s.inverse[i])
 	return own + s.wOthers.othersDelay(st, recomputed(st, n, s.typical, s.inverse[i], s.future), s.least, c.own, grow, s.overlap)
+}
+
+// perToken is the request's predicted time per token in candidate i's
+// batch, with its own KV in it.
+func (s *streamCost) perToken(i int, c *candidate, l fleet.Load) float64 {
+	return c.decodeSlow * s.fit.perToken(float64(l.DecodeTokens)+s.need, float64(l.Requests)+1, s.shares[i])
+}
+
+// ownStream is the price of the request's own stream in candidate i's
+// batch, the part of cost a split request pays there (price.go).
+func (s *streamCost) ownStream(i int, c *candidate, l fleet.Load) float64 {
+	return s.wOwn * (1 + s.future) * s.out * s.perToken(i, c, l)
 }
 
 // streamWeights returns, under the e2e objective, what a second of the

@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"math"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -48,14 +49,14 @@ const (
 	DefaultDecodeStep      = 8 * time.Millisecond
 )
 
-var _ router.Splitter = (*Split)(nil)
+var _ router.SplitPricer = (*Split)(nil)
 
 // Name implements router.Splitter.
 func (*Split) Name() string { return "priced" }
 
 // Split implements router.Splitter.
 func (s *Split) Split(req *router.Request, d *router.Decision, prefills []*fleet.Backend, intN func(int) int) *fleet.Backend {
-	whole := s.wholePrice(req, d)
+	whole := s.wholePriceOf(req, d)
 	var best *fleet.Backend
 	bestPrice, ties := 0.0, 0
 	for _, p := range prefills {
@@ -76,10 +77,24 @@ func (s *Split) Split(req *router.Request, d *router.Decision, prefills []*fleet
 	return best
 }
 
+// SplitTTFT implements router.SplitPricer: the lowest split price over
+// prefills, which kvroute's pick weighs against each decode candidate's
+// whole price (price.go).
+func (s *Split) SplitTTFT(req *router.Request, prefills []*fleet.Backend) time.Duration {
+	best := math.Inf(1)
+	for _, p := range prefills {
+		best = min(best, s.splitPrice(req, p))
+	}
+	if math.IsInf(best, 1) {
+		return 0
+	}
+	return seconds(best)
+}
+
 // SplitPrices returns the two prices of req, in seconds: whole on d's
 // backend and split through p, for the decision records and tests.
 func (s *Split) SplitPrices(req *router.Request, d *router.Decision, p *fleet.Backend) (whole, split float64) {
-	return s.wholePrice(req, d), s.splitPrice(req, p)
+	return s.wholePriceOf(req, d), s.splitPrice(req, p)
 }
 
 func (s *Split) rate() float64 {
@@ -89,16 +104,23 @@ func (s *Split) rate() float64 {
 	return priorRate
 }
 
-// wholePrice is the request's TTFT on the decode server plus the delay its
+// wholePriceOf is the request's TTFT on the decode server plus the delay its
 // prefill adds to the streams decoding there.
-func (s *Split) wholePrice(req *router.Request, d *router.Decision) float64 {
-	uncached := float64(max(req.PromptTokens-d.Cached, 0))
-	prefill := uncached / s.rate()
+func (s *Split) wholePriceOf(req *router.Request, d *router.Decision) float64 {
+	uncached := max(req.PromptTokens-d.Cached, 0)
 	ttft := d.PredictedTTFT.Seconds()
 	if ttft <= 0 { // a policy that predicts nothing: the queue the router counts there
-		ttft = float64(d.Backend.Load().PrefillTokens)/s.rate() + prefill
+		ttft = float64(d.Backend.Load().PrefillTokens+int64(uncached)) / s.rate()
 	}
-	return ttft + e2eDelay.stall*float64(d.Backend.Load().Decoding)*prefill
+	return wholePrice(ttft, uncached, d.Backend.Load().Decoding, s.rate())
+}
+
+// wholePrice is a request's whole price on a decode server where its TTFT
+// is ttft seconds, uncached of its tokens are to prefill at rate tokens/s
+// and decoding streams wait for them. kvroute's pick prices with it which
+// candidates the splitter would split (price.go).
+func wholePrice(ttft float64, uncached int, decoding int64, rate float64) float64 {
+	return ttft + e2eDelay.stall*float64(decoding)*float64(uncached)/rate
 }
 
 // splitPrice is the request's TTFT through prefill server p: its queue,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/router/routertest"
 )
 
 func pdBackend(name string) *fleet.Backend {
@@ -59,6 +60,58 @@ func TestSplitDecides(t *testing.T) {
 			d := &router.Decision{Backend: tt.decode, Cached: tt.cached, PredictedTTFT: tt.ttft}
 			if got := s.Split(&router.Request{PromptTokens: tt.tokens}, d, tt.prefills, first); got != tt.want {
 				t.Errorf("Split = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// A request the splitter will split is placed for the split: by the decode
+// server's KV room, not by the prefill it would have done there.
+func TestPickChoosesTheDecodeServerForTheSplit(t *testing.T) {
+	tests := []struct {
+		name  string
+		split bool // the splitter prices its way through the prefill pool
+		want  int
+	}{
+		{name: "whole", want: 0},
+		{name: "split", split: true, want: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bs := routertest.Backends(2) // 400k tokens of KV each
+			// b0 decodes 32 streams whose KV nearly fills it: the prompt
+			// would wait there for a little room. b1 decodes 128 short
+			// ones: prefilled there, the prompt stalls four times the streams.
+			var flights []*fleet.Flight
+			f := bs[0].Start(0, 380_000)
+			f.FirstToken()
+			flights = append(flights, f)
+			for range 31 {
+				f := bs[0].Start(0, 1000)
+				f.FirstToken()
+				flights = append(flights, f)
+			}
+			for range 128 {
+				f := bs[1].Start(0, 1000)
+				f.FirstToken()
+				flights = append(flights, f)
+			}
+			p := New(bs, Config{Seed: 1, Now: frozenClock})
+			req := &router.Request{Prompt: routertest.Words(1, 40_000), PromptTokens: 10_000, MaxTokens: 500}
+			if tt.split {
+				req.SplitTTFT = (&Split{}).SplitTTFT(req, []*fleet.Backend{pdBackend("p")})
+			}
+			d := routertest.Pick(t, p, req, bs)
+			if d.Backend != bs[tt.want] {
+				t.Errorf("picked %s, want %s; scores %+v", d.Backend.Name, bs[tt.want].Name, d.Scores)
+			}
+			if tt.split {
+				if got := (&Split{}).Split(req, &d, []*fleet.Backend{pdBackend("p")}, func(int) int { return 0 }); got == nil {
+					t.Errorf("the splitter keeps the request whole on %s", d.Backend.Name)
+				}
+			}
+			for _, f := range flights {
+				f.Done()
 			}
 		})
 	}

@@ -102,7 +102,8 @@ func (p *Policy) price(s *pickScratch) {
 	cand, backlog := p.candidates(s, s.cands, s.ln, ratio, s.promptTokens, s.nowS)
 	penalty := missPenalty(p.cfg.MissPenalty, rate, s.fleetSize, backlog)
 	s.st = p.stream(s.req, s, s.ln, s.promptTokens)
-	s.best, s.floor, s.floorTTFT = p.cost(cand, s.cands, s.loads, s.ln, penalty, bound, s.st)
+	s.best, s.floor, s.floorTTFT = p.cost(cand, s.cands, s.loads, s.ln, penalty, bound, s.st, s.req.SplitTTFT.Seconds(), s.promptTokens)
+	s.best = forSplit(cand, s.best)
 }
 
 // readLoads reads every candidate's load, then, under the policy's lock,

@@ -32,6 +32,7 @@ type candidate struct {
 	lo, hi    float64          // its prediction interval
 	x         [calDims]float64 // the calibration's features (calibrate.go)
 	cost      float64          // what the choice minimises
+	split     float64          // its cost split, where the splitter would split there; else +Inf
 	stream    float64          // of which the stream's price (decode.go)
 	terms     terms            // the cost term by term, for the decision's scores
 }
@@ -84,16 +85,28 @@ func (p *Policy) candidates(s *pickScratch, cands []*fleet.Backend, ln *learned,
 // cost sets every candidate's predicted TTFT and cost (the sum of its
 // terms), for a request that needs st.need tokens of KV, and returns the
 // cheapest and the floor and TTFT floor of the tie window (see tieWindow).
-func (p *Policy) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.Load, ln *learned, penalty, bound float64, st *streamCost) (best int, floor, floorTTFT float64) {
+//
+// With a prefill pool priced before the pick (split, the request's TTFT
+// through it in seconds, 0 without; prompt, its tokens) it also sets each
+// candidate's split cost where the priced splitter would split there, for
+// forSplit. The candidates' TTFT and terms stay the whole request's, which
+// the splitter weighs after the pick.
+func (p *Policy) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.Load, ln *learned, penalty, bound float64, st *streamCost, split float64, prompt int) (best int, floor, floorTTFT float64) {
 	best, floor, floorTTFT = -1, math.Inf(1), math.Inf(1)
 	for i, b := range cands {
 		c := &cand[i]
 		t := p.terms(i, b, c, loads[i], ln, penalty, st)
 		p.calibrate(c, b, &t, loads[i])
 		ttft, cost := t.ttft(), t.cost()
+		c.split = math.Inf(1)
+		// The splitter's test at its default rate, on the cached part the
+		// decision will report.
+		if split > 0 && split < wholePrice(ttft, max(prompt-min(c.sure, c.cached), 0), loads[i].Decoding, priorRate) {
+			c.split = st.splitCost(i, c, loads[i], t, split)
+		}
 		c.stream, c.terms = t.stream, t
 		if float64(loads[i].Requests+1) > bound {
-			cost = math.Inf(1) // over the load bound: only if all are
+			cost, c.split = math.Inf(1), math.Inf(1) // over the load bound: only if all are
 		}
 		c.ttft, c.cost = ttft, cost
 		if best < 0 || cost < cand[best].cost {
@@ -106,6 +119,39 @@ func (p *Policy) cost(cand []candidate, cands []*fleet.Backend, loads []fleet.Lo
 	}
 	best, floor = st.misses(cand, best, floor)
 	return best, floor, floorTTFT + st.noise()
+}
+
+// forSplit returns the candidate for a request that the splitter will
+// split at best, the whole request's cheapest: every candidate the
+// splitter would split costs the cheaper way, so that the decode server is
+// chosen for the split, by its batch and KV room rather than its cache. A
+// request that stays whole is chosen as before: pricing it for a split too
+// lowered goodput (docs/decisions/0020-priced-pd-split.md).
+func forSplit(cand []candidate, best int) int {
+	if math.IsInf(cand[best].split, 1) {
+		return best
+	}
+	for i := range cand {
+		cand[i].cost = min(cand[i].cost, cand[i].split)
+		if cand[i].cost < cand[best].cost {
+			best = i
+		}
+	}
+	return best
+}
+
+// splitCost is candidate i's cost for a request prefilled on the prefill
+// pool and decoded there: the longer of split seconds and the prefill
+// queued there (the transferred request still waits its turn in the
+// engine's queue), the waits for KV room, a slot and the adapter as whole
+// (t), and its own stream in that batch; no recompute and no stall to the
+// streams there, since its KV arrives by transfer.
+func (st *streamCost) splitCost(i int, c *candidate, l fleet.Load, t terms, split float64) float64 {
+	cost := max(split, t.queued) + t.kvWait + t.slotWait + t.adapter
+	if st.on {
+		cost += st.ownStream(i, c, l)
+	}
+	return cost
 }
 
 // terms is one candidate's cost, term by term, in seconds: cost sums them,
