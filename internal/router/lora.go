@@ -1,6 +1,8 @@
 package router
 
 import (
+	"slices"
+
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -13,8 +15,14 @@ func setAdapter(req *Request, cands []*fleet.Backend) {
 		return
 	}
 	for _, b := range cands {
-		if b.Info().IsAdapter(req.Model) {
+		info := b.Info()
+		if info.IsAdapter(req.Model) {
 			req.Adapter = req.Model
+			return
+		}
+		// A model a backend serves as its own is a base model: the common
+		// case ends at the first backend, not after every one.
+		if info != nil && slices.Contains(info.Models, req.Model) {
 			return
 		}
 	}

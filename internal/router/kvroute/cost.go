@@ -203,11 +203,15 @@ func slowness(ratio, mean float64) float64 {
 // for nothing (at a band of 10 %: chat-long's TTFT p99 1.6× on
 // batch-slowdown, 32 users).
 func decodeSlowness(ratio float64) float64 {
-	if math.Abs(math.Log(ratio)) < decodeSlowBand {
+	if decodeBandLow < ratio && ratio < decodeBandHigh {
 		return 1
 	}
 	return ratio
 }
+
+// decodeBandLow and decodeBandHigh are the band's bounds as ratios: a pick
+// compares every candidate's ratio with them, without a logarithm.
+var decodeBandLow, decodeBandHigh = math.Exp(-decodeSlowBand), math.Exp(decodeSlowBand)
 
 // decodeSlowBand is how far, in log, a backend's decode ratio goes before
 // it is priced: 0.78 to 1.28×, where GPU generations differ by 1.6× (an
