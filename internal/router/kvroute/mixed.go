@@ -80,7 +80,8 @@ func (m *decodeMix) price(i int, ratio float64) float64 {
 }
 
 // noteDecodeSpread looks at the decode ratios' spread every
-// decodeMixedEvery streams. Call with the learner's mu held.
+// decodeMixedEvery streams, or every as many as the fleet has backends.
+// Call with the learner's mu held.
 func (l *learner) noteDecodeSpread() {
 	l.decodeSeen++
 	if l.decodeSeen%max(decodeMixedEvery, l.decodeSlow.n) == 0 {

@@ -32,6 +32,12 @@ func TestDecodeMix(t *testing.T) {
 		{"two generations", []float64{0.75, 0.75, 1.2, 1.2}, 200, true, []float64{0.75, 0.75, 1.2, 1.2}},
 		{"a backend not yet seen", []float64{0.75, 1.2, 0}, 200, true, []float64{0.75, 1.2, 0.75}},
 		{"too few streams", []float64{0.75, 1.2}, 20, false, []float64{1, 1}},
+		// A thousand of one kind, paces spread evenly over 0.8–1.25 (their
+		// learned ratios' extremes 1.5× apart, their 10th and 90th
+		// percentiles 1.38×), and a thousand of two kinds, priced as
+		// learned (the prior still pulls 0.7 to 0.727).
+		{"a thousand of one kind", spread(1000, 0.8, 1.25), 200, false, []float64{1, 1}},
+		{"a thousand of two kinds", append(spread(500, 0.7, 0.8), spread(500, 1.15, 1.25)...), 200, true, []float64{0.727, 0.727}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -48,4 +54,13 @@ func TestDecodeMix(t *testing.T) {
 			}
 		})
 	}
+}
+
+// spread returns n paces evenly from lo to hi.
+func spread(n int, lo, hi float64) []float64 {
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = lo + (hi-lo)*float64(i)/float64(n-1)
+	}
+	return out
 }
