@@ -57,7 +57,6 @@ func (p *Proxy) serveGeneration(w http.ResponseWriter, r *http.Request, ep reque
 	}
 	if g.Stream && p.res.MaxMigrations > 0 && continuable(ep, body) {
 		c.rec = sse.NewRecord() // migrate.go: its stream may continue elsewhere
-		defer c.rec.Release()
 	}
 	cands, e := p.candidates(w, g.Request.Model)
 	if e != nil {

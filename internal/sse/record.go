@@ -2,7 +2,6 @@ package sse
 
 import (
 	"errors"
-	"sync"
 
 	"github.com/kvroute/kvroute/internal/jsonscan"
 )
@@ -36,27 +35,22 @@ type Record struct {
 	Finished bool
 	// Failed holds the data of the backend's error event, once one came.
 	Failed []byte
+	// idBuf backs ID, Created and Model.
+	idBuf []byte
 }
 
-// recordPool keeps Records with their buffers: a Record's text starts with
-// room for a reply of about 250 tokens, so that recording most streams
-// allocates nothing.
-var recordPool = sync.Pool{New: func() any { return &Record{Text: make([]byte, 0, 1024)} }}
+// NewRecord returns an empty Record with room for the chunks' id, created
+// and model and for a reply of about 250 tokens, so that recording most
+// streams allocates nothing more.
+func NewRecord() *Record {
+	return &Record{Text: make([]byte, 0, 1024), idBuf: make([]byte, 0, 128)}
+}
 
-// maxPooledText is the most text a Record returned to the pool keeps room
-// for: a longer reply's buffer is left to the collector.
-const maxPooledText = 64 << 10
-
-// NewRecord returns an empty Record, from a pool; Release gives it back.
-func NewRecord() *Record { return recordPool.Get().(*Record) }
-
-// Release empties r and returns it to the pool; r must not be used after.
-func (r *Record) Release() {
-	if cap(r.Text) > maxPooledText {
-		return
-	}
-	*r = Record{ID: r.ID[:0], Created: r.Created[:0], Model: r.Model[:0], Text: r.Text[:0]}
-	recordPool.Put(r)
+// keep copies v into r's identity buffer and returns the copy.
+func (r *Record) keep(v []byte) []byte {
+	n := len(r.idBuf)
+	r.idBuf = append(r.idBuf, v...)
+	return r.idBuf[n:len(r.idBuf):len(r.idBuf)]
 }
 
 // failed reports whether the backend's error event stopped the stream.
@@ -94,13 +88,13 @@ func (r *Record) note(data []byte, d *ident, choices []byte) (failed bool) {
 	}
 	// Raw JSON values are never empty: an empty one is not yet seen.
 	if len(r.ID) == 0 && d.id != nil {
-		r.ID = append(r.ID, d.id...)
+		r.ID = r.keep(d.id)
 	}
 	if len(r.Created) == 0 && d.created != nil {
-		r.Created = append(r.Created, d.created...)
+		r.Created = r.keep(d.created)
 	}
 	if len(r.Model) == 0 && d.model != nil {
-		r.Model = append(r.Model, d.model...)
+		r.Model = r.keep(d.model)
 	}
 	for c := range jsonscan.Elems(choices) {
 		r.choice(c)
