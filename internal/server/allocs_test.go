@@ -268,9 +268,9 @@ func BenchmarkRequestAllocs(b *testing.B) {
 }
 
 // The most allocations one streamed request may make through the server,
-// by policy: 80 and 90 since a stream that may migrate is recorded (three
-// of them; 77 and 81 before, 113 and 117, then 84 and 88 before that),
-// with room for a few more, so that a change which adds some per request shows
+// by policy: 80 and 90 since what a stream sends is recorded for migration
+// (its record takes three; 77 and 81 before, 113 and 117, then 84 and 88
+// before that), with room for a few more, so that a change which adds some per request shows
 // here and is weighed. Every allocation before the first token is one more
 // a garbage-collection cycle under way charges to that request (mark
 // assists), and the more a request allocates the sooner the next cycle.
